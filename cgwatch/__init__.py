@@ -1,0 +1,54 @@
+"""cgwatch: how much memory this process may really use, from its cgroup, kept current.
+
+    import cgwatch
+    cgwatch.total_memory()      # smallest limit on the path to the root, capped at host RAM
+    cgwatch.available_memory()  # min headroom over the limited levels and the host
+
+Both never raise. `cgwatch.Monitor` gives a private monitor, its levels and status.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Optional
+
+from .monitor import HOST, POLLING, WATCHING, LevelInfo, Monitor, Status
+
+__all__ = [
+    "HOST",
+    "POLLING",
+    "WATCHING",
+    "LevelInfo",
+    "Monitor",
+    "Status",
+    "available_memory",
+    "default_monitor",
+    "total_memory",
+]
+__version__ = "0.1.0"
+
+_default: Optional[Monitor] = None
+_default_lock = threading.Lock()
+
+
+def default_monitor() -> Monitor:
+    """The process-wide monitor behind the module functions, created on first use."""
+    global _default
+    monitor = _default
+    if monitor is None:
+        with _default_lock:
+            if _default is None:
+                _default = Monitor()
+            monitor = _default
+    return monitor
+
+
+def total_memory() -> int:
+    """Bytes this process may use at most: min(host RAM, every memory limit on its path)."""
+    return default_monitor().total_memory()
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate: min(host MemAvailable, each limited level's
+    limit - (usage - inactive_file))."""
+    return default_monitor().available_memory()

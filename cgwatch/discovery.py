@@ -1,0 +1,194 @@
+"""Find the process's memory cgroup directory from /proc/self/cgroup and /proc/self/mountinfo.
+
+Pure functions on text: no file is read here, so every rule is table-tested with real-world
+inputs (tests/test_discovery.py). The I/O layer (levels.py) feeds them the files' contents.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+
+@dataclass(frozen=True)
+class CgroupLine:
+    """One line of /proc/<pid>/cgroup: `hierarchy-ID:controller-list:path`."""
+
+    hierarchy_id: int
+    controllers: tuple[str, ...]
+    path: str
+
+
+@dataclass(frozen=True)
+class Mount:
+    """The fields of one /proc/<pid>/mountinfo line that discovery needs."""
+
+    root: str
+    mount_point: str
+    fstype: str
+    super_options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where the memory hierarchy's files for this process live."""
+
+    version: int  # 1 or 2
+    cgroup_path: str  # the process's path inside the hierarchy, e.g. /kubepods/pod1/ctr
+    mount_point: str  # where that hierarchy (or the part of it we can see) is mounted
+    mount_root: str  # the hierarchy path shown at mount_point
+    directory: str  # mount_point + cgroup_path with mount_root removed
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """No trustworthy memory cgroup: callers fall back to host values and report `reason`."""
+
+    reason: str
+
+
+Resolution = Union[Resolved, Unresolved]
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_mount_path(field: str) -> str:
+    """Undo the kernel's octal escapes in mountinfo paths (`\\040` space, `\\011` tab, ...)."""
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_proc_cgroup(text: str) -> list[CgroupLine]:
+    """Parse /proc/self/cgroup; malformed lines are skipped (the caller decides what is missing)."""
+    lines = []
+    for raw in text.splitlines():
+        # The path may itself contain ':' so split at most twice.
+        parts = raw.split(":", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            continue
+        controllers = tuple(c for c in parts[1].split(",") if c)
+        lines.append(CgroupLine(int(parts[0]), controllers, parts[2]))
+    return lines
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Parse the cgroup and cgroup2 mounts of /proc/self/mountinfo (other mounts are skipped).
+
+    Layout (proc(5)): id parent major:minor root mount-point options [optional...] - fstype
+    source super-options. The optional fields vary in number, so the fstype is found after the
+    lone '-' separator rather than at a fixed index.
+    """
+    mounts = []
+    for raw in text.splitlines():
+        fields = raw.split(" ")
+        try:
+            sep = fields.index("-", 6)
+        except ValueError:
+            continue
+        if len(fields) < sep + 3:
+            continue
+        fstype = fields[sep + 1]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        super_options = tuple(fields[sep + 3].split(",")) if len(fields) > sep + 3 else ()
+        mounts.append(
+            Mount(
+                root=unescape_mount_path(fields[3]),
+                mount_point=unescape_mount_path(fields[4]),
+                fstype=fstype,
+                super_options=super_options,
+            )
+        )
+    return mounts
+
+
+def path_contains(ancestor: str, path: str) -> bool:
+    """True if `path` is `ancestor` or below it, compared on whole components."""
+    if ancestor == "/":
+        return path.startswith("/")
+    return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
+
+
+def join_under_mount(mount: Mount, cgroup_path: str) -> str:
+    """The directory of `cgroup_path` seen through `mount` (which must contain it)."""
+    rest = cgroup_path[len(mount.root) :] if mount.root != "/" else cgroup_path
+    rest = rest.strip("/")
+    base = mount.mount_point.rstrip("/") or "/"
+    if not rest:
+        return base
+    return base + "/" + rest if base != "/" else "/" + rest
+
+
+def _best_mount(mounts: list[Mount], cgroup_path: str) -> Optional[Mount]:
+    """Among mounts whose root contains the path, the one with the shortest root.
+
+    The shortest root shows the most ancestors, so the walk up sees every limit it can; a
+    delegated subtree mounted elsewhere (and possibly listed first) loses to the full mount.
+    """
+    containing = [m for m in mounts if path_contains(m.root, cgroup_path)]
+    if not containing:
+        return None
+    return min(containing, key=lambda m: len(m.root.rstrip("/")))
+
+
+def _path_problem(path: str) -> Optional[str]:
+    if not path.startswith("/"):
+        return f"cgroup path {path!r} is not absolute"
+    if "/.." in path or path.endswith(" (deleted)"):
+        # '/..' appears when the process's cgroup is outside this cgroup namespace's root;
+        # ' (deleted)' when its cgroup was removed. Neither names a directory we can read.
+        return f"cgroup path {path!r} is outside the visible hierarchy or deleted"
+    return None
+
+
+def resolve(
+    proc_cgroup: str,
+    mountinfo: str,
+    v2_has_memory: Callable[[str], bool],
+) -> Resolution:
+    """Pick the memory hierarchy and the process's directory in it.
+
+    v1 wins when a v1 line lists `memory` and a v1 mount carries it: on a hybrid host the
+    cgroup2 mount lacks the memory controller. Otherwise the `0::` line is used if its mount's
+    `cgroup.controllers` lists memory, which only the caller can read: `v2_has_memory` is called
+    with the candidate mount point.
+    """
+    lines = parse_proc_cgroup(proc_cgroup)
+    mounts = parse_mountinfo(mountinfo)
+    reasons = []
+
+    v1_line = next(
+        (ln for ln in lines if ln.hierarchy_id != 0 and "memory" in ln.controllers), None
+    )
+    if v1_line is not None:
+        problem = _path_problem(v1_line.path)
+        v1_mounts = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options]
+        mount = None if problem else _best_mount(v1_mounts, v1_line.path)
+        if problem:
+            reasons.append(f"v1: {problem}")
+        elif mount is None:
+            reasons.append(f"v1: no memory mount contains {v1_line.path!r}")
+        else:
+            return Resolved(1, v1_line.path, mount.mount_point, mount.root,
+                            join_under_mount(mount, v1_line.path))
+
+    v2_line = next((ln for ln in lines if ln.hierarchy_id == 0 and ln.controllers == ()), None)
+    if v2_line is not None:
+        problem = _path_problem(v2_line.path)
+        v2_mounts = [m for m in mounts if m.fstype == "cgroup2"]
+        mount = None if problem else _best_mount(v2_mounts, v2_line.path)
+        if problem:
+            reasons.append(f"v2: {problem}")
+        elif mount is None:
+            reasons.append(f"v2: no cgroup2 mount contains {v2_line.path!r}")
+        elif not v2_has_memory(mount.mount_point):
+            reasons.append(f"v2: memory controller not enabled at {mount.mount_point}")
+        else:
+            return Resolved(2, v2_line.path, mount.mount_point, mount.root,
+                            join_under_mount(mount, v2_line.path))
+
+    if not lines:
+        reasons.append("/proc/self/cgroup is empty or unreadable")
+    elif v1_line is None and v2_line is None:
+        reasons.append("no memory controller in /proc/self/cgroup")
+    return Unresolved("; ".join(reasons))

@@ -1,0 +1,106 @@
+"""Host-wide memory: MemTotal and MemAvailable, and a cheap lower bound on MemAvailable.
+
+Reads <root>/proc/meminfo through a kept descriptor; where there is no /proc (not Linux) it
+asks psutil. The lower bound lets available_memory() skip the meminfo read when a cgroup level
+is certainly tighter than the host (see `HostMemory.available_lower_bound`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Optional
+
+import psutil
+
+from . import values
+from .levels import read_fd, read_file, under_root
+
+log = logging.getLogger("cgwatch")
+
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _sysinfo_free_bytes() -> int:
+    # glibc answers SC_AVPHYS_PAGES with sysinfo(2)'s freeram: the kernel's NR_FREE_PAGES, the
+    # same counter MemAvailable starts from. About 0.6 us, against ~5-8 us for reading meminfo.
+    return os.sysconf("SC_AVPHYS_PAGES") * _PAGE_SIZE
+
+
+class HostMemory:
+    """Host RAM figures for one root; `source` says where they come from."""
+
+    def __init__(self, root: str = "/", free_bytes: Optional[Callable[[], int]] = None) -> None:
+        self.root = root
+        self.fd = -1
+        self.source = "psutil"
+        self.reason = ""
+        self.total = 0
+        self.reserve_bound = -1  # bytes; -1 while the lower bound is not usable
+        self._free_bytes = free_bytes
+        path = under_root(root, "/proc/meminfo")
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.total = values.find_meminfo_value(read_fd(self.fd), b"MemTotal")
+            self.source = "meminfo"
+        except (OSError, ValueError) as e:
+            self.reason = f"{path} unusable ({e}); host values from psutil"
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            self.total = int(psutil.virtual_memory().total)
+        self.refresh_bound()
+
+    def refresh_bound(self) -> None:
+        """(Re)compute the reserve bound; called at start and on the monitor's slow timer,
+        because an administrator may change vm.min_free_kbytes at run time."""
+        if self._free_bytes is None:
+            # sysinfo(2) describes the real host, so the bound is only sound when meminfo is
+            # the real host's too: the real /proc, not a fake tree and not LXCFS (a FUSE file
+            # that reports a container's figures while sysinfo still reports the host's).
+            if self.root not in ("", "/") or self.source != "meminfo" or _meminfo_is_virtual():
+                self.reserve_bound = -1
+                return
+            self._free_bytes = _sysinfo_free_bytes
+        try:
+            text = read_file(under_root(self.root, "/proc/zoneinfo"))
+            # Doubled: the kernel's totalreserve_pages is recomputed only on some watermark
+            # changes, so after vm.min_free_kbytes is lowered it can exceed what zoneinfo shows.
+            # The margin costs nothing in practice (cgroup headroom is rarely that close to the
+            # host's free memory) and keeps the bound safe for any such change up to half.
+            self.reserve_bound = 2 * values.parse_zoneinfo_reserve_bound(text) * _PAGE_SIZE
+        except (OSError, ValueError):
+            self.reserve_bound = -1
+
+    def available(self) -> int:
+        """Host MemAvailable in bytes (psutil's figure where there is no meminfo)."""
+        if self.fd >= 0:
+            return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
+        return int(psutil.virtual_memory().available)
+
+    def available_lower_bound(self) -> int:
+        """A value certainly <= MemAvailable right now, or -1 when none is known.
+
+        The kernel computes MemAvailable = free - totalreserve + reclaimable page cache and slab
+        (each term added is >= 0, mm/show_mem.c si_mem_available). So free - (an upper bound on
+        totalreserve) can only be lower. `free` comes from sysinfo(2), far cheaper than meminfo.
+        """
+        if self.reserve_bound < 0 or self._free_bytes is None:
+            return -1
+        return self._free_bytes() - self.reserve_bound
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+
+def _meminfo_is_virtual() -> bool:
+    try:
+        mountinfo = read_file("/proc/self/mountinfo")
+    except OSError:
+        return True
+    return any(line.split(" ")[4:5] == ["/proc/meminfo"] for line in mountinfo.splitlines())

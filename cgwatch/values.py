@@ -1,0 +1,135 @@
+"""Parse the values inside cgroup and /proc memory files.
+
+Pure functions on text or bytes, table-tested in tests/test_values.py. Every parser raises
+ValueError on input it cannot trust, so the caller can fall back and say why.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+# v1 writes "unlimited" as PAGE_COUNTER_MAX pages, i.e. 2^63-1 rounded down to the page size
+# (9223372036854771712 with 4 KiB pages; other page sizes give other numbers). Anything this
+# large cannot be a real limit, so treat it as none.
+V1_UNLIMITED_THRESHOLD = 1 << 62
+
+Text = Union[str, bytes]
+
+
+def _as_str(data: Text) -> str:
+    return data.decode("ascii", "replace") if isinstance(data, bytes) else data
+
+
+def parse_limit(data: Text, version: int) -> Optional[int]:
+    """A hard limit file (v2 `memory.max`, v1 `memory.limit_in_bytes`): bytes, or None for none."""
+    text = _as_str(data).strip()
+    if version == 2 and text == "max":
+        return None
+    if not text.isdigit():
+        raise ValueError(f"not a memory limit: {text[:40]!r}")
+    value = int(text)
+    if version == 1 and value >= V1_UNLIMITED_THRESHOLD:
+        return None
+    return value
+
+
+def parse_counter(data: Text) -> int:
+    """A single-number file such as `memory.current` or `memory.usage_in_bytes`."""
+    text = _as_str(data).strip()
+    if not text.isdigit():
+        raise ValueError(f"not a byte count: {text[:40]!r}")
+    return int(text)
+
+
+def parse_flat_keyed(data: Text) -> dict[str, int]:
+    """`key value` lines (memory.stat, memory.events, memory.oom_control); bad lines skipped."""
+    result = {}
+    for line in _as_str(data).splitlines():
+        key, _, value = line.partition(" ")
+        value = value.strip()
+        if key and value.isdigit():
+            result[key] = int(value)
+    return result
+
+
+def stat_key(version: int) -> bytes:
+    """The memory.stat key for hierarchical inactive page cache in this cgroup version.
+
+    v2's `inactive_file` is already hierarchical; v1's plain `inactive_file` is local to the
+    cgroup and `total_inactive_file` covers its descendants, matching `usage_in_bytes`.
+    """
+    return b"inactive_file" if version == 2 else b"total_inactive_file"
+
+
+def find_stat_value(data: bytes, key: bytes) -> int:
+    """One value out of memory.stat without parsing the whole file (this is the hot path)."""
+    start = data.find(b"\n" + key + b" ") + 1
+    if start == 0:
+        if not data.startswith(key + b" "):
+            raise ValueError(f"{key.decode()} missing from memory.stat")
+        start = 0
+    start += len(key) + 1
+    end = data.find(b"\n", start)
+    field = data[start:] if end < 0 else data[start:end]
+    if not field.strip().isdigit():
+        raise ValueError(f"bad {key.decode()} value in memory.stat: {field[:40]!r}")
+    return int(field)
+
+
+def parse_meminfo(data: Text) -> dict[str, int]:
+    """/proc/meminfo as bytes per field (`MemTotal:  123 kB` -> 123 * 1024)."""
+    result = {}
+    for line in _as_str(data).splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts or not parts[0].isdigit():
+            continue
+        scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
+        result[key.strip()] = int(parts[0]) * scale
+    return result
+
+
+def find_meminfo_value(data: bytes, key: bytes) -> int:
+    """One meminfo field in bytes, found directly (hot path for MemAvailable)."""
+    start = data.find(key + b":")
+    if start < 0:
+        raise ValueError(f"{key.decode()} missing from meminfo")
+    end = data.find(b"\n", start)
+    parts = (data[start + len(key) + 1 :] if end < 0 else data[start + len(key) + 1 : end]).split()
+    if not parts or not parts[0].isdigit():
+        raise ValueError(f"bad {key.decode()} in meminfo")
+    return int(parts[0]) * (1024 if parts[1:2] == [b"kB"] else 1)
+
+
+def parse_zoneinfo_reserve_bound(data: Text) -> int:
+    """An upper bound, in pages, on the kernel's `totalreserve_pages`, from /proc/zoneinfo.
+
+    The kernel computes MemAvailable as `free - totalreserve_pages + (reclaimable cache, >= 0)`,
+    and totalreserve_pages sums, per zone, the high watermark plus the largest lowmem reserve
+    (`protection`), each capped at the zone's managed pages. Summing the uncapped values gives a
+    number that can only be larger, so `free - bound` never exceeds the true MemAvailable.
+    """
+    total = 0
+    high: Optional[int] = None
+    in_zone = False
+    for line in _as_str(data).splitlines():
+        stripped = line.strip()
+        if line.startswith("Node "):
+            in_zone = True
+            high = None
+            continue
+        if not in_zone:
+            continue
+        parts = stripped.split()
+        # The zone's own watermark line is "high <n>" at one indent; per-cpu pageset lines are
+        # "high: <n>" (with a colon) and must not be counted.
+        if len(parts) == 2 and parts[0] == "high" and parts[1].isdigit() and high is None:
+            high = int(parts[1])
+            total += high
+        elif stripped.startswith("protection:"):
+            inner = stripped[len("protection:") :].strip().strip("()")
+            values = [int(v) for v in inner.replace(",", " ").split() if v.isdigit()]
+            total += max(values, default=0)
+    if total == 0:
+        raise ValueError("no zone watermarks in zoneinfo")
+    return total

@@ -1,0 +1,108 @@
+"""The inotify side of the monitor: one inotify fd, a set of watches tagged with their meaning.
+
+Kept apart from the monitor so the failure cases (no inotify, ENOSPC when the watch limit is
+reached, EMFILE when the instance limit is) become one exception carrying a readable reason.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+try:
+    import inotify_simple
+except ImportError:  # pragma: no cover - the dependency is declared; this is non-Linux safety
+    inotify_simple = None
+
+
+class Target(NamedTuple):
+    """What to watch and what it means to the monitor."""
+
+    path: str
+    kind: str  # "limit", "dir", "events", ...
+    level_index: int  # which level (0 = the process's own cgroup)
+
+
+class Change(NamedTuple):
+    target: Target
+    mask: int
+    name: str
+
+
+class WatchUnavailable(Exception):
+    """inotify cannot serve this monitor; str(self) says why."""
+
+
+def _describe(err: OSError, what: str) -> str:
+    if err.errno == errno.ENOSPC:
+        return f"inotify watch limit reached ({what}; see fs.inotify.max_user_watches)"
+    if err.errno == errno.EMFILE:
+        return f"inotify instance limit reached ({what}; see fs.inotify.max_user_instances)"
+    return f"inotify failed ({what}): {err.strerror or err}"
+
+
+if inotify_simple is not None:
+    FLAGS: Any = inotify_simple.flags
+    MASKS = {
+        "limit": FLAGS.MODIFY | FLAGS.DELETE_SELF,
+        "events": FLAGS.MODIFY | FLAGS.DELETE_SELF,
+        "dir": FLAGS.DELETE | FLAGS.DELETE_SELF | FLAGS.ONLYDIR,
+    }
+
+
+class Watcher:
+    """An inotify instance whose watch set can be replaced as a whole."""
+
+    def __init__(self) -> None:
+        if inotify_simple is None:
+            raise WatchUnavailable("inotify is not available on this platform")
+        try:
+            self._inotify = inotify_simple.INotify()
+        except OSError as e:
+            raise WatchUnavailable(_describe(e, "creating an instance")) from e
+        self._targets: dict[int, Target] = {}
+
+    def fileno(self) -> int:
+        return int(self._inotify.fileno())
+
+    def replace(self, targets: Sequence[Target]) -> None:
+        """Watch exactly `targets` (old watches are dropped first so their slots are free)."""
+        for wd in list(self._targets):
+            try:
+                self._inotify.rm_watch(wd)
+            except OSError:
+                pass  # already gone with its file: the kernel removed it (IN_IGNORED)
+        new: dict[int, Target] = {}
+        for target in targets:
+            try:
+                wd = self._inotify.add_watch(target.path, MASKS[target.kind])
+            except OSError as e:
+                self._targets = new
+                raise WatchUnavailable(_describe(e, f"watching {target.path}")) from e
+            new[wd] = target
+        self._targets = new
+
+    def read(self) -> tuple[list[Change], bool]:
+        """Pending changes, and whether the watch set must be rebuilt (a watch vanished or the
+        event queue overflowed, so something may have been missed)."""
+        changes = []
+        rebuild = False
+        for event in self._inotify.read(timeout=0):
+            if event.mask & FLAGS.Q_OVERFLOW:
+                rebuild = True
+                continue
+            target = self._targets.get(event.wd)
+            if target is None:
+                continue  # a watch from before the last replace()
+            if event.mask & (FLAGS.IGNORED | FLAGS.DELETE_SELF):
+                rebuild = True
+            changes.append(Change(target, event.mask, event.name))
+        return changes, rebuild
+
+    def close(self) -> None:
+        try:
+            self._inotify.close()
+        except OSError:
+            pass
+
