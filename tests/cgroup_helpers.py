@@ -1,0 +1,173 @@
+"""Real cgroups for tests: made under the test process's own memory cgroup, removed afterwards.
+
+Only this process's own subtree is touched: every directory is created below the memory cgroup
+that /proc/self/cgroup names, and removed (processes killed first) even when a test fails.
+Works for v1 (this machine) and v2 (the VM tier).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Optional
+
+from cgwatch import discovery, levels
+
+MiB = 1 << 20
+
+
+def own_memory_cgroup() -> tuple[Optional[discovery.Resolved], str]:
+    """The resolved memory cgroup of this process, or None and why it cannot be used."""
+    resolution, _ = levels.resolve_process("/")
+    if not isinstance(resolution, discovery.Resolved):
+        return None, resolution.reason
+    return resolution, ""
+
+
+def writable_reason() -> str:
+    """Empty if tests can create memory cgroups under our own; else why not (the skip reason)."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if os.geteuid() != 0:
+        return "not root: cannot create cgroups"
+    res, why = own_memory_cgroup()
+    if res is None:
+        return f"no memory cgroup: {why}"
+    probe = os.path.join(res.directory, f"cgwatch-probe-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+    except OSError as e:
+        return f"cannot create a cgroup under {res.directory}: {e}"
+    return ""
+
+
+def limit_file(version: int) -> str:
+    return "memory.max" if version == 2 else "memory.limit_in_bytes"
+
+
+def write(path: str, value: str) -> None:
+    """One write(2), as a runtime or kubelet does it (no truncate-then-write)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+class Tree:
+    """Cgroups made below a base directory; `remove_all()` kills their processes and rmdirs."""
+
+    def __init__(self, base: str, version: int) -> None:
+        self.base = base
+        self.version = version
+        self.made: list[str] = []
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def make(self, relative: str, limit: Optional[int] = None) -> str:
+        path = os.path.join(self.base, relative)
+        os.mkdir(path)
+        self.made.append(path)
+        if self.version == 2:
+            # Let children of this level have the memory controller too.
+            try:
+                write(os.path.join(path, "cgroup.subtree_control"), "+memory")
+            except OSError:
+                pass  # a leaf that will hold processes must not enable controllers
+        if limit is not None:
+            self.set_limit(path, limit)
+        return path
+
+    def set_limit(self, path: str, limit: Optional[int]) -> None:
+        if limit is None:
+            value = "max" if self.version == 2 else "-1"
+        else:
+            value = str(limit)
+        write(os.path.join(path, limit_file(self.version)), value)
+
+    def spawn(self, cgroup: str, code: str, *, env: Optional[dict[str, str]] = None,
+              stdout: Optional[int] = subprocess.PIPE) -> subprocess.Popen[str]:
+        """Start `python -c code` already inside `cgroup` (it moves itself in before running
+        anything else, so every page it touches is charged there)."""
+        if self.version == 2:
+            # v2's no-internal-processes rule: a cgroup holding processes cannot also hand
+            # controllers to children.
+            try:
+                write(os.path.join(cgroup, "cgroup.subtree_control"), "-memory")
+            except OSError:
+                pass
+        boot = (
+            "import os\n"
+            f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
+        ) + textwrap.dedent(code)
+        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=stdout,
+                                stderr=subprocess.PIPE, text=True, env=env)
+        self.procs.append(proc)
+        return proc
+
+    def remove_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            try:
+                proc.communicate(timeout=10)
+            except Exception:
+                pass
+        for path in reversed(self.made):
+            _kill_members(path)
+            for _ in range(50):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)  # members still exiting
+
+
+def _kill_members(path: str) -> None:
+    try:
+        pids = [int(p) for p in read(os.path.join(path, "cgroup.procs")).split()]
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@contextmanager
+def cgroup_tree() -> Iterator[Tree]:
+    """A fresh directory below our own memory cgroup, removed with all it holds on exit."""
+    res, why = own_memory_cgroup()
+    assert res is not None, why
+    tree = Tree(res.directory, res.version)
+    top = tree.make(f"cgwatch-test-{uuid.uuid4().hex[:8]}")
+    tree.base = top
+    try:
+        yield tree
+    finally:
+        tree.remove_all()
+
+
+def measured_headroom(directory: str, version: int) -> int:
+    """limit - (usage - inactive_file) read straight from the files (independent of cgwatch)."""
+    names = ("memory.max", "memory.current", "inactive_file") if version == 2 else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    limit = int(read(os.path.join(directory, names[0])))
+    usage = int(read(os.path.join(directory, names[1])))
+    stat = dict(line.split() for line in read(os.path.join(directory, "memory.stat")).splitlines())
+    return limit - max(0, usage - int(stat[names[2]]))
