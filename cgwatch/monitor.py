@@ -148,6 +148,8 @@ class Monitor:
                 usage = int(os.pread(usage_fd, 64, 0))
                 inactive = values.find_stat_value(os.pread(stat_fd, READ_SIZE, 0), key)
                 room = headroom(limit, usage, inactive)
+                if room < 0:
+                    room = 0  # over the limit (v1 lets usage overshoot briefly); -1 means "none"
                 if best < 0 or room < best:
                     best = room
             # Skip the host's meminfo when a cheap lower bound on MemAvailable already shows
@@ -513,13 +515,19 @@ class Monitor:
 
     def _available_after_error(self, snap: _Snapshot, error: Exception) -> int:
         """A hot-path read failed (a removed cgroup gives ENODEV): re-resolve and answer from
-        fresh reads; if even that fails, the host's MemAvailable capped at total_memory()."""
+        fresh reads, never above total_memory(); if even that fails, the host's MemAvailable
+        capped at total_memory()."""
         self._report(f"reading usage failed ({error!r}); re-resolving")
         try:
             self._reload(f"read error: {error!r}")
-            rooms = [lvl.headroom for lvl in self.levels() if lvl.headroom is not None]
-            host = self._snap.host.available()
-            return max(0, min(rooms + [host]))
+            rooms = [self._snap.total, self._snap.host.available()]
+            for info in self.levels():
+                if info.headroom is not None:
+                    rooms.append(info.headroom)
+                elif info.limit is not None and info.usage is not None:
+                    # memory.stat unreadable: limit - usage can only be lower than the truth.
+                    rooms.append(info.limit - info.usage)
+            return max(0, min(rooms))
         except Exception as e2:  # noqa: BLE001
             self._report(f"fallback read failed too ({e2!r}); answering min(host available, "
                          "total_memory())")

@@ -1,0 +1,326 @@
+"""Monitor logic on fake /proc + /sys trees: the walk, the minimum, headroom, the watcher thread,
+fallbacks, fork and threads. Kernel behaviour itself is proven in test_real_v1.py and tests/v2."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Callable
+
+import psutil
+import pytest
+
+import cgwatch
+from cgwatch import HOST, POLLING, WATCHING, Monitor, watcher
+from tests.fake_tree import GiB, MiB, FakeHost
+
+
+@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+def host(request: pytest.FixtureRequest, tmp_path: object) -> FakeHost:
+    return FakeHost(str(tmp_path), request.param)
+
+
+@pytest.fixture
+def monitors() -> Iterator[list[Monitor]]:
+    made: list[Monitor] = []
+    yield made
+    for m in made:
+        m.close()
+
+
+def start(made: list[Monitor], host: FakeHost, **kwargs: object) -> Monitor:
+    m = Monitor(host.root, **kwargs)  # type: ignore[arg-type]
+    made.append(m)
+    return m
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+def test_smallest_limit_on_the_path_wins(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 8 * GiB, "/a/b": 2 * GiB, "/a/b/c": 4 * GiB})
+    m = start(monitors, host)
+    assert m.total_memory() == 2 * GiB
+    assert m.status.mode == WATCHING
+    assert m.status.version == host.version
+    assert m.status.cgroup_path == "/a/b/c"
+    infos = m.levels()
+    assert [i.cgroup_path for i in infos] == ["/a/b/c", "/a/b", "/a", "/"]
+    assert [i.binds_total for i in infos] == [False, True, False, False]
+
+
+def test_no_limit_anywhere_is_host_ram(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": None, "/a/b": None, "/a/b/c": None})
+    m = start(monitors, host)
+    assert m.total_memory() == 64 * GiB  # v1 sentinel and v2 "max" both mean none
+    assert m.available_memory() == 60 * GiB
+    assert not any(i.binds_total for i in m.levels())
+
+
+def test_limit_above_host_ram_is_capped(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 100 * GiB, "/a/b": None, "/a/b/c": None})
+    assert start(monitors, host).total_memory() == 64 * GiB
+
+
+def test_headroom_is_min_over_limited_levels(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 1 * GiB, "/a/b": None, "/a/b/c": 600 * MiB})
+    # /a's usage counts a sibling of ours: 900 MiB used, 100 MiB of it inactive page cache.
+    host.set_usage("/a", 900 * MiB, 100 * MiB)
+    host.set_usage("/a/b/c", 300 * MiB, 50 * MiB)
+    m = start(monitors, host)
+    assert m.total_memory() == 600 * MiB
+    assert m.available_memory() == 1 * GiB - 800 * MiB  # /a binds: 224 MiB < 350 MiB
+    infos = {i.cgroup_path: i for i in m.levels()}
+    assert infos["/a"].headroom == 224 * MiB and infos["/a"].binds_available
+    assert infos["/a/b/c"].headroom == 350 * MiB
+    assert infos["/a/b"].headroom is None
+
+
+def test_host_binds_available_when_tighter(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": None, "/a/b": None, "/a/b/c": 8 * GiB})
+    host.set_meminfo(64 * GiB, 1 * GiB)
+    assert start(monitors, host).available_memory() == 1 * GiB
+
+
+def test_available_floors(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": None, "/a/b": None, "/a/b/c": 100 * MiB})
+    host.set_usage("/a/b/c", 150 * MiB, 10 * MiB)  # over the limit (v1 soft overshoot)
+    m = start(monitors, host)
+    assert m.available_memory() == 0
+    host.set_usage("/a/b/c", 10 * MiB, 20 * MiB)  # inactive > usage: racy read, ws floored at 0
+    assert m.available_memory() == 100 * MiB
+
+
+def test_rewrite_of_a_limit_is_picked_up_by_the_thread(host: FakeHost,
+                                                      monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    m = start(monitors, host)
+    assert m.total_memory() == 4 * GiB
+    host.set_limit("/a/b", 1 * GiB)
+    assert wait_for(lambda: m.total_memory() == 1 * GiB)
+    host.set_limit("/a/b", None)
+    assert wait_for(lambda: m.total_memory() == 4 * GiB)
+
+
+def test_migration_is_noticed_on_the_timer(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None, "/x": 1 * GiB})
+    m = start(monitors, host, migration_interval=0.05)
+    assert m.total_memory() == 4 * GiB
+    host.move_to("/x")
+    assert wait_for(lambda: m.total_memory() == 1 * GiB)
+    assert m.status.cgroup_path == "/x"
+    # and the new path's limit file is watched
+    host.set_limit("/x", 512 * MiB)
+    assert wait_for(lambda: m.total_memory() == 512 * MiB)
+
+
+def test_garbage_limit_is_reported_not_raised(host: FakeHost, monitors: list[Monitor],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    host.make_path({"/a": 2 * GiB, "/a/b": None, "/a/b/c": None})
+    host.write(host.level_dir("/a/b") + ("/memory.max" if host.version == 2 else
+                                         "/memory.limit_in_bytes"), "garbage\n")
+    with caplog.at_level(logging.WARNING, logger="cgwatch"):
+        m = start(monitors, host)
+        assert m.total_memory() == 2 * GiB
+        assert m.available_memory() > 0
+    assert "/a/b" in m.status.reason
+    assert any("/a/b" in r.getMessage() for r in caplog.records)
+    assert next(i for i in m.levels() if i.cgroup_path == "/a/b").problem
+
+
+def test_limit_mid_rewrite_keeps_last_good_value(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 2 * GiB, "/a/b": None, "/a/b/c": None})
+    m = start(monitors, host)
+    limit_file = host.level_dir("/a") + ("/memory.max" if host.version == 2 else
+                                         "/memory.limit_in_bytes")
+    host.write(limit_file, "")  # a writer that truncated and has not written yet
+    time.sleep(0.2)
+    assert m.total_memory() == 2 * GiB
+    assert "/a" in m.status.reason
+
+
+def test_garbage_usage_never_raises(host: FakeHost, monitors: list[Monitor],
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    host.make_path({"/a": None, "/a/b": None, "/a/b/c": 1 * GiB})
+    host.write(host.level_dir("/a/b/c") + "/memory.stat", "nonsense\n")
+    m = start(monitors, host)
+    with caplog.at_level(logging.WARNING, logger="cgwatch"):
+        value = m.available_memory()
+    # The fallback without inactive_file: limit - usage (can only be below the truth), and
+    # the reason is logged.
+    assert value == 1 * GiB - 100 * MiB
+    assert any("reading usage failed" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_cgroup_files_fall_back_to_host(tmp_path: object, monitors: list[Monitor],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    root = str(tmp_path)
+    os.makedirs(os.path.join(root, "proc"))
+    with open(os.path.join(root, "proc/meminfo"), "w") as f:
+        f.write("MemTotal: 1048576 kB\nMemAvailable: 524288 kB\n")
+    with caplog.at_level(logging.WARNING, logger="cgwatch"):
+        m = Monitor(root)
+        monitors.append(m)
+    assert m.status.mode == HOST
+    assert "/proc/self/cgroup" in m.status.reason
+    assert m.total_memory() == 1 << 30
+    assert m.available_memory() == 512 << 20
+    assert m.levels() == []
+    assert any("no memory cgroup" in r.getMessage() for r in caplog.records)
+
+
+def test_no_proc_at_all_uses_psutil(tmp_path: object, monitors: list[Monitor]) -> None:
+    # What a non-Linux system looks like to the monitor: nothing under /proc.
+    m = Monitor(str(tmp_path))
+    monitors.append(m)
+    assert m.status.mode == HOST
+    assert m.status.host_source == "psutil"
+    assert m.total_memory() == psutil.virtual_memory().total
+    assert m.available_memory() > 0
+
+
+def test_cgroup_directory_missing(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.move_to("/does/not/exist")
+    m = start(monitors, host)
+    assert m.status.mode == HOST
+    assert "does not exist" in m.status.reason
+    assert m.total_memory() == 64 * GiB
+
+
+def test_polling_when_inotify_disabled(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    m = start(monitors, host, use_inotify=False, poll_interval=0.05)
+    assert m.status.mode == POLLING
+    assert "disabled" in m.status.reason
+    host.set_limit("/a/b/c", 1 * GiB)
+    assert wait_for(lambda: m.total_memory() == 1 * GiB)
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EMFILE])
+def test_polling_when_watches_run_out(host: FakeHost, monitors: list[Monitor],
+                                      monkeypatch: pytest.MonkeyPatch, err: int,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    real_add = watcher.inotify_simple.INotify.add_watch
+
+    def add_watch(self: object, path: str, mask: int) -> int:
+        if "/a/b" in path:  # the first few watches succeed, then the limit is reached
+            raise OSError(err, os.strerror(err))
+        return int(real_add(self, path, mask))
+
+    monkeypatch.setattr(watcher.inotify_simple.INotify, "add_watch", add_watch)
+    with caplog.at_level(logging.WARNING, logger="cgwatch"):
+        m = start(monitors, host, poll_interval=0.05)
+    assert m.status.mode == POLLING
+    assert ("watch limit" if err == errno.ENOSPC else "instance limit") in m.status.reason
+    assert any("polling" in r.getMessage() for r in caplog.records)
+    host.set_limit("/a", 3 * GiB)
+    assert wait_for(lambda: m.total_memory() == 3 * GiB)
+
+
+def test_polling_when_inotify_cannot_start(host: FakeHost, monitors: list[Monitor],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+
+    def refuse(*_: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(watcher.inotify_simple, "INotify", refuse)
+    m = start(monitors, host)
+    assert m.status.mode == POLLING
+    assert m.total_memory() == 4 * GiB
+
+
+def test_close_keeps_answering(host: FakeHost) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    with Monitor(host.root, poll_interval=0.01) as m:
+        assert m.total_memory() == 4 * GiB
+        thread = next(t for t in threading.enumerate() if t.name == "cgwatch")
+    assert not any(t is thread for t in threading.enumerate())
+    assert m.status.mode == POLLING and "closed" in m.status.reason
+    host.set_limit("/a", 1 * GiB)
+    assert wait_for(lambda: m.total_memory() == 1 * GiB)
+
+
+def test_dropped_monitor_stops_its_thread(host: FakeHost) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    before = sum(t.name == "cgwatch" for t in threading.enumerate())
+    m = Monitor(host.root)
+    assert m.total_memory() == 4 * GiB
+    del m
+    assert wait_for(lambda: sum(t.name == "cgwatch" for t in threading.enumerate()) == before)
+
+
+def test_many_threads_never_see_a_value_that_was_never_true(host: FakeHost,
+                                                            monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": 2 * GiB, "/a/b/c": None})
+    m = start(monitors, host)
+    seen: set[int] = set()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def query() -> None:
+        try:
+            while not stop.is_set():
+                seen.add(m.total_memory())
+                m.available_memory()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    readers = [threading.Thread(target=query) for _ in range(4)]
+    for t in readers:
+        t.start()
+    for i in range(100):
+        host.set_limit("/a/b", 1 * GiB if i % 2 else 3 * GiB)
+        time.sleep(0.002)
+    stop.set()
+    for t in readers:
+        t.join()
+    assert not errors
+    assert seen <= {1 * GiB, 2 * GiB, 3 * GiB}
+    assert 1 * GiB in seen and 3 * GiB in seen
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_fork_child_gets_fresh_values(host: FakeHost, monitors: list[Monitor]) -> None:
+    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
+    m = start(monitors, host)
+    assert m.total_memory() == 4 * GiB
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: no thread was inherited; the limit changes after the fork
+        try:
+            os.close(r)
+            host.set_limit("/a", 1 * GiB)
+            first = m.total_memory()
+            threads = sum(t.name == "cgwatch" for t in threading.enumerate())
+            host.set_limit("/a", 512 * MiB)  # re-armed: the child's own thread sees this
+            ok = wait_for(lambda: m.total_memory() == 512 * MiB)
+            os.write(w, f"{first} {threads} {ok} {m.status.mode}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        report = f.read()
+    os.waitpid(pid, 0)
+    first, threads, ok, mode = report.split()
+    assert int(first) == 1 * GiB
+    assert threads == "1"
+    assert ok == "True"
+    assert mode == WATCHING
+
+
+def test_module_functions_use_one_default_monitor() -> None:
+    assert cgwatch.default_monitor() is cgwatch.default_monitor()
+    assert cgwatch.total_memory() == cgwatch.default_monitor().total_memory()
+    assert 0 < cgwatch.available_memory() <= cgwatch.total_memory()

@@ -1,0 +1,129 @@
+"""Tables of real file contents for the value parsers."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from cgwatch import values
+
+V1_UNLIMITED = "9223372036854771712\n"  # 2^63-1 rounded down to 4 KiB pages, as the kernel writes
+
+
+@pytest.mark.parametrize(("text", "version", "expected"), [
+    ("max\n", 2, None),
+    ("1073741824\n", 2, 1 << 30),
+    ("0\n", 2, 0),
+    (V1_UNLIMITED, 1, None),
+    ("9223372036854710272\n", 1, None),  # the same sentinel with 64 KiB pages (arm64, ppc64)
+    ("104857600\n", 1, 100 << 20),
+    (b"67108864\n", 1, 64 << 20),
+])
+def test_parse_limit(text: str, version: int, expected: Optional[int]) -> None:
+    assert values.parse_limit(text, version) == expected
+
+
+@pytest.mark.parametrize(("text", "version"), [("", 2), ("max\n", 1), ("-1\n", 1), ("12ab", 2),
+                                               ("\x00\x00", 2)])
+def test_parse_limit_rejects_garbage(text: str, version: int) -> None:
+    with pytest.raises(ValueError):
+        values.parse_limit(text, version)
+
+
+V1_STAT = b"""cache 168841216
+rss 1933312
+inactive_file 109264896
+active_file 59576320
+hierarchical_memory_limit 9223372036854771712
+total_cache 168841216
+total_inactive_file 209264896
+total_active_file 59576320
+"""
+V2_STAT = b"""anon 1024000
+file 53248000
+inactive_anon 0
+active_anon 1019904
+inactive_file 40960000
+active_file 12288000
+"""
+
+
+@pytest.mark.parametrize(("data", "version", "expected"), [
+    (V1_STAT, 1, 209264896),  # v1: the hierarchical total_, not the local inactive_file
+    (V2_STAT, 2, 40960000),
+    (b"inactive_file 5\n", 2, 5),  # first line
+    (b"x 1\ninactive_file 7", 2, 7),  # last line without newline
+])
+def test_find_stat_value(data: bytes, version: int, expected: int) -> None:
+    assert values.find_stat_value(data, values.stat_key(version)) == expected
+
+
+@pytest.mark.parametrize("data", [b"", b"inactive_anon 5\n", b"inactive_file x\n",
+                                  b"total_inactive_file\n"])
+def test_find_stat_value_missing(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        values.find_stat_value(data, b"inactive_file" if b"total" not in data else
+                               b"total_inactive_file")
+
+
+MEMINFO = b"""MemTotal:       24684084 kB
+MemFree:        22156340 kB
+MemAvailable:   24055588 kB
+Buffers:           12345 kB
+HugePages_Total:       0
+"""
+
+
+def test_meminfo() -> None:
+    parsed = values.parse_meminfo(MEMINFO)
+    assert parsed["MemTotal"] == 24684084 * 1024
+    assert parsed["HugePages_Total"] == 0
+    assert values.find_meminfo_value(MEMINFO, b"MemAvailable") == 24055588 * 1024
+    with pytest.raises(ValueError):
+        values.find_meminfo_value(MEMINFO, b"SwapTotal")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("low 0\nhigh 12\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n",
+     {"low": 0, "high": 12, "max": 3, "oom": 1, "oom_kill": 1, "oom_group_kill": 0}),
+    ("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
+     {"oom_kill_disable": 0, "under_oom": 0, "oom_kill": 4}),
+    ("garbage\nhigh x\n", {}),
+])
+def test_flat_keyed(text: str, expected: dict[str, int]) -> None:
+    assert values.parse_flat_keyed(text) == expected
+
+
+ZONEINFO = """Node 0, zone      DMA
+  per-node stats
+      nr_inactive_anon 467
+  pages free     3840
+        boost    0
+        min      41
+        low      54
+        high     67
+        spanned  4095
+        managed  3840
+        protection: (0, 3019, 5579, 5579, 5579)
+  pagesets
+    cpu: 0
+              count: 0
+              high:  0
+Node 0, zone    DMA32
+  pages free     700000
+        min      8000
+        low      10000
+        high     13676
+        managed  772915
+        protection: (0, 0, 2560, 2560, 2560)
+    cpu: 0
+              high:  5698
+"""
+
+
+def test_zoneinfo_reserve_bound() -> None:
+    # high + max(protection) per zone, per-cpu "high:" lines ignored.
+    assert values.parse_zoneinfo_reserve_bound(ZONEINFO) == (67 + 5579) + (13676 + 2560)
+    with pytest.raises(ValueError):
+        values.parse_zoneinfo_reserve_bound("")
