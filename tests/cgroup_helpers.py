@@ -98,7 +98,8 @@ class Tree:
         write(os.path.join(path, limit_file(self.version)), value)
 
     def spawn(self, cgroup: str, code: str, *, env: Optional[dict[str, str]] = None,
-              stdout: Optional[int] = subprocess.PIPE) -> subprocess.Popen[str]:
+              stdout: Optional[int] = subprocess.PIPE,
+              stdin: Optional[int] = None) -> subprocess.Popen[str]:
         """Start `python -c code` already inside `cgroup` (it moves itself in before running
         anything else, so every page it touches is charged there)."""
         if self.version == 2:
@@ -112,7 +113,7 @@ class Tree:
             "import os\n"
             f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
         ) + textwrap.dedent(code)
-        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=stdout,
+        proc = subprocess.Popen([sys.executable, "-c", boot], stdout=stdout, stdin=stdin,
                                 stderr=subprocess.PIPE, text=True, env=env)
         self.procs.append(proc)
         return proc
