@@ -16,7 +16,7 @@ import pytest
 
 import cgwatch
 from cgwatch import HOST, POLLING, WATCHING, Monitor, watcher
-from tests.fake_tree import GiB, MiB, FakeHost
+from tests.fake_tree import FakeHost, GiB, MiB
 
 
 @pytest.fixture(params=[1, 2], ids=["v1", "v2"])
