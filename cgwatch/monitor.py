@@ -21,13 +21,16 @@ from typing import Any, Callable, Optional
 from . import discovery, levels, values
 from .hostmem import HostMemory
 from .levels import READ_SIZE, Level
-from .watcher import Change, Target, Watcher, WatchUnavailable
+from .watcher import Change, Target, TargetGone, Watcher, WatchUnavailable
 
 log = logging.getLogger("cgwatch")
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
 POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
 HOST = "host"  # no usable memory cgroup: host values (MemTotal / MemAvailable)
+
+# How often a re-resolve is retried when the tree changes between resolving and watching.
+_RESOLVE_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -306,34 +309,57 @@ class Monitor:
         """Resolve everything again (the process moved, a cgroup vanished, a fork)."""
         with self._lock:
             log.debug("cgwatch: re-resolving (%s)", why)
-            snap = self._build_snapshot(why, self._snap)
-            self._snap = snap
-            self._rewatch()
+            for _ in range(_RESOLVE_ATTEMPTS):
+                self._snap = self._build_snapshot(why, self._snap)
+                if self._watch_and_verify():
+                    break
+                why = "the cgroup tree changed while it was being watched"
+            else:
+                self._fall_back_to_polling(f"cgroup tree kept changing ({why})")
             for hook in self._reload_hooks:
                 hook()
 
     def _reload_limits(self) -> None:
         """Re-read the limits of the levels already known (a limit file changed)."""
         with self._lock:
-            snap = self._snap
-            res = snap.resolution
-            if not isinstance(res, discovery.Resolved):
-                return
-            try:
-                lvls = levels.build_levels(self.root, res, snap.levels)
-            except OSError:
+            if not self._reread_limits():
                 self._reload("the process's cgroup directory vanished")
-                return
-            # A limit that cannot be read right now (a writer truncated the file and has not
-            # written yet, say) keeps its last good value rather than vanishing from the min.
-            old = {lvl.directory: lvl for lvl in snap.levels}
-            lvls = tuple(
-                replace(lvl, limit=old[lvl.directory].limit, kept=old[lvl.directory].kept)
-                if lvl.problem and lvl.directory in old and old[lvl.directory].limit is not None
-                else lvl
-                for lvl in lvls
-            )
-            self._snap = self._publishable(res, lvls, snap.host)
+
+    def _reread_limits(self) -> bool:
+        """Publish a snapshot with freshly read limits; False if our directory is gone."""
+        snap = self._snap
+        res = snap.resolution
+        if not isinstance(res, discovery.Resolved):
+            return True
+        try:
+            lvls = levels.build_levels(self.root, res, snap.levels)
+        except OSError:
+            return False
+        # A limit that cannot be read right now (a writer truncated the file and has not
+        # written yet, say) keeps its last good value rather than vanishing from the min.
+        old = {lvl.directory: lvl for lvl in snap.levels}
+        lvls = tuple(
+            replace(lvl, limit=old[lvl.directory].limit, kept=old[lvl.directory].kept)
+            if lvl.problem and lvl.directory in old and old[lvl.directory].limit is not None
+            else lvl
+            for lvl in lvls
+        )
+        self._snap = self._publishable(res, lvls, snap.host)
+        return True
+
+    def _watch_and_verify(self) -> bool:
+        """Watch the resolved levels, then look again: a change made before the watches
+        existed shows in the second look, one made after raises an event. False: resolve
+        again (a path vanished, or the process moved meanwhile)."""
+        if not self._start_watching():
+            return False
+        try:
+            text = levels.read_file(levels.under_root(self.root, "/proc/self/cgroup"))
+        except OSError:
+            text = ""
+        if text != self._proc_cgroup_text:
+            return False
+        return self._reread_limits()
 
     # ---- the watcher and its thread ----------------------------------------------------------
 
@@ -358,14 +384,33 @@ class Monitor:
     def _extra_targets(self) -> list[Target]:
         return []
 
-    def _rewatch(self) -> None:
-        """Point the watcher at the current levels, or fall back to polling with a reason."""
+    def _start_watching(self) -> bool:
+        """Point inotify at the current levels, creating the watcher if it is missing (so a
+        watch limit hit earlier is retried on every re-resolve). False if a path vanished
+        between resolving and watching: the caller resolves again."""
+        if not self._use_inotify:
+            self._watch_problem = "inotify disabled by the caller"
+            return True
+        if self._closed:
+            return True
         if self._watcher is None:
-            return
+            try:
+                self._watcher = Watcher()
+            except WatchUnavailable as e:
+                self._fall_back_to_polling(str(e))
+                return True
         try:
             self._watcher.replace(self._watch_targets())
+        except TargetGone:
+            return False
         except WatchUnavailable as e:
             self._fall_back_to_polling(str(e))
+            return True
+        self._watch_problem = ""
+        snap = self._snap
+        if isinstance(snap.resolution, discovery.Resolved):
+            self._snap = self._publishable(snap.resolution, snap.levels, snap.host)
+        return True
 
     def _fall_back_to_polling(self, reason: str) -> None:
         self._watch_problem = reason
@@ -383,15 +428,8 @@ class Monitor:
     def _arm(self) -> None:
         """Start watching (if possible) and the background thread."""
         with self._lock:
-            if self._use_inotify and not self._watch_problem:
-                try:
-                    self._watcher = Watcher()
-                except WatchUnavailable as e:
-                    self._fall_back_to_polling(str(e))
-                else:
-                    self._rewatch()
-            elif not self._use_inotify:
-                self._watch_problem = "inotify disabled by the caller"
+            if not self._watch_and_verify():
+                self._reload("the cgroup tree changed while it was being watched")
             snap = self._snap
             if isinstance(snap.resolution, discovery.Resolved):
                 self._snap = self._publishable(snap.resolution, snap.levels, snap.host)
@@ -456,6 +494,8 @@ class Monitor:
             text = ""
         if text != self._proc_cgroup_text:
             self._reload("the process moved to another cgroup")
+        elif self._watcher is None and self._use_inotify and not self._closed:
+            self._reload("retrying inotify")  # the watch limit may have been raised or freed
         self._snap.host.refresh_bound()
 
     # ---- slow paths: polling, fork, errors ---------------------------------------------------

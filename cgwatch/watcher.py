@@ -34,6 +34,10 @@ class WatchUnavailable(Exception):
     """inotify cannot serve this monitor; str(self) says why."""
 
 
+class TargetGone(Exception):
+    """A path to watch vanished between resolving and watching (a cgroup was just removed)."""
+
+
 def _describe(err: OSError, what: str) -> str:
     if err.errno == errno.ENOSPC:
         return f"inotify watch limit reached ({what}; see fs.inotify.max_user_watches)"
@@ -67,20 +71,24 @@ class Watcher:
         return int(self._inotify.fileno())
 
     def replace(self, targets: Sequence[Target]) -> None:
-        """Watch exactly `targets` (old watches are dropped first so their slots are free)."""
-        for wd in list(self._targets):
-            try:
-                self._inotify.rm_watch(wd)
-            except OSError:
-                pass  # already gone with its file: the kernel removed it (IN_IGNORED)
+        """Watch exactly `targets`. New watches are added before old ones are dropped, so a
+        path watched before and after is never unwatched in between (inotify gives the same
+        inode the same descriptor, so re-adding it is free)."""
         new: dict[int, Target] = {}
         for target in targets:
             try:
                 wd = self._inotify.add_watch(target.path, MASKS[target.kind])
             except OSError as e:
-                self._targets = new
+                self._targets.update(new)
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise TargetGone(target.path) from e
                 raise WatchUnavailable(_describe(e, f"watching {target.path}")) from e
             new[wd] = target
+        for wd in set(self._targets) - set(new):
+            try:
+                self._inotify.rm_watch(wd)
+            except OSError:
+                pass  # already gone with its file: the kernel removed it (IN_IGNORED)
         self._targets = new
 
     def read(self) -> tuple[list[Change], bool]:

@@ -142,7 +142,8 @@ def test_removed_and_recreated_cgroups_do_not_break_it(tree: Tree) -> None:
         assert probe.ask(op="query")["status"]["directory"] == first
         os.mkdir(second)
         tree.set_limit(second, 200 * MiB)
-    assert probe.ask(op="query")["status"]["mode"] == "watching"
+    final = probe.ask(op="query")["status"]
+    assert final["mode"] == "watching", final["reason"]
     assert parent  # the parent stayed throughout
 
 
