@@ -1,0 +1,371 @@
+"""DeepSpeed's CPU accelerator with cgroup-aware memory totals.
+
+DeepSpeed's `CPU_Accelerator.total_memory()` / `available_memory()` return
+`psutil.virtual_memory().total` / `.available`: the host's RAM, not what the process's cgroup
+allows. ZeRO 1/2 (flattening in `stage_1_and_2.py`), the autotuner, the inference v2 KV cache
+and the DeepCompile passes plan from those two numbers. `CgwatchCPUAccelerator` is DeepSpeed's
+own `CPU_Accelerator` (same name `cpu`, same backend, same ops) whose two memory answers come
+from cgwatch, and whose `export_envs()` adds the `CGWATCH` prefix so DeepSpeed's multi-node
+launcher forwards `CGWATCH_*` variables to the other nodes.
+
+Three ways in, in the order DeepSpeed binds things (see docs/integrations.md):
+
+1. Environment switch, no code change: once per environment run
+   `python -m cgwatch.integrations install-pth` (writes `cgwatch-deepspeed.pth` into
+   site-packages), then start anything with `CGWATCH_DEEPSPEED=1`. At interpreter start the
+   .pth line arms an import hook; the moment DeepSpeed's `real_accelerator` module has run,
+   before any other DeepSpeed module asks for the accelerator, the hook installs ours if
+   DeepSpeed would have chosen its CPU accelerator. Without the variable the line does nothing
+   but read it. DeepSpeed itself has no plugin or entry-point hook for accelerators.
+2. `enable_autoload()` in your own code or `sitecustomize.py`, before `import deepspeed`:
+   the same hook.
+3. `install()` after `import deepspeed` and before `deepspeed.initialize()`: what the engine
+   and ZeRO ask at run time is then ours. Only `deepspeed.runtime.utils.torch_memory_reserved`
+   / `torch_max_memory_reserved` (bound at import) keep pointing at the replaced accelerator;
+   they report RSS, which both accelerators compute the same way.
+
+Importing this module imports neither torch nor DeepSpeed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import os
+import sys
+import sysconfig
+import threading
+from collections.abc import Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from cgwatch.psutil_view import MemorySource
+
+__all__ = [
+    "ENV_VAR",
+    "ENV_PREFIX",
+    "PTH_NAME",
+    "accelerator_class",
+    "install",
+    "uninstall",
+    "enable_autoload",
+    "disable_autoload",
+    "autoload_status",
+    "env_enabled",
+    "install_pth",
+    "uninstall_pth",
+    "pth_path",
+    "main",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "CGWATCH_DEEPSPEED"
+ENV_PREFIX = "CGWATCH"
+PTH_NAME = "cgwatch-deepspeed.pth"
+# One line: site.py executes .pth lines that start with "import". It costs one environ lookup
+# when the switch is off; with it on, it imports this module and arms the hook (no DeepSpeed).
+PTH_LINE = (
+    "import os; "
+    f'os.environ.get("{ENV_VAR}", "").strip() not in ("", "0") and '
+    f'__import__("{__name__}", fromlist=["_pth_hook"])._pth_hook()\n'
+)
+
+_REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
+_CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
+_OFF_VALUES = ("", "0", "false", "no", "off")
+
+_lock = threading.RLock()
+_class: Optional[type] = None
+_previous: Any = None  # the accelerator that install() replaced, for uninstall()
+_finder: Optional[_PostImportFinder] = None
+_autoload_status = "not armed"
+
+
+def env_enabled(environ: Optional[dict[str, str]] = None) -> bool:
+    """True when `CGWATCH_DEEPSPEED` asks for the accelerator (anything but unset, empty,
+    0, false, no, off)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_VAR, "").strip().lower() not in _OFF_VALUES
+
+
+def accelerator_class() -> type:
+    """`CgwatchCPUAccelerator`, built on first use on top of DeepSpeed's `CPU_Accelerator`
+    (imports DeepSpeed, hence torch)."""
+    global _class
+    with _lock:
+        if _class is None:
+            base = importlib.import_module(_CPU_ACCELERATOR).CPU_Accelerator
+            _class = _build_class(base)
+        return _class
+
+
+def _build_class(base: Any) -> type:
+    class CgwatchCPUAccelerator(base):  # type: ignore[misc]
+        """DeepSpeed's CPU accelerator; `total_memory()` / `available_memory()` answer for
+        the process's memory cgroup (cgwatch) instead of the host (psutil)."""
+
+        def __init__(self, monitor: Optional[MemorySource] = None) -> None:
+            super().__init__()
+            self._cgwatch_monitor = monitor
+
+        def total_memory(self, device_index: Any = None) -> int:
+            monitor = self._cgwatch_monitor
+            if monitor is not None:
+                return monitor.total_memory()
+            import cgwatch
+
+            return cgwatch.total_memory()
+
+        def available_memory(self, device_index: Any = None) -> int:
+            monitor = self._cgwatch_monitor
+            if monitor is not None:
+                return monitor.available_memory()
+            import cgwatch
+
+            return cgwatch.available_memory()
+
+        def export_envs(self) -> list[str]:
+            envs = list(super().export_envs())
+            if ENV_PREFIX not in envs:
+                envs.append(ENV_PREFIX)
+            return envs
+
+    CgwatchCPUAccelerator.__module__ = __name__
+    CgwatchCPUAccelerator.__qualname__ = "CgwatchCPUAccelerator"
+    return CgwatchCPUAccelerator
+
+
+def __getattr__(name: str) -> Any:
+    # `from cgwatch.integrations.deepspeed import CgwatchCPUAccelerator` (imports DeepSpeed).
+    if name == "CgwatchCPUAccelerator":
+        return accelerator_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _install_into(ra: ModuleType, monitor: Optional[MemorySource], force: bool) -> Any:
+    """Install into DeepSpeed's `real_accelerator` module `ra` (possibly still mid-import)."""
+    global _previous
+    cls = accelerator_class()
+    cpu_cls = importlib.import_module(_CPU_ACCELERATOR).CPU_Accelerator
+    current = ra.get_accelerator()  # DeepSpeed's own choice (DS_ACCELERATOR or detection)
+    if isinstance(current, cls) and monitor is None:
+        return current
+    if not force and not isinstance(current, cpu_cls):
+        raise RuntimeError(
+            f"DeepSpeed selected the {getattr(current, '_name', type(current).__name__)!r} "
+            "accelerator; cgwatch only replaces its CPU accelerator (pass force=True to "
+            "replace it anyway)"
+        )
+    accel = cls(monitor)
+    ra.set_accelerator(accel)
+    if not isinstance(current, cls):
+        _previous = current
+    return accel
+
+
+def install(monitor: Optional[MemorySource] = None, *, force: bool = False) -> Any:
+    """Make `deepspeed.accelerator.get_accelerator()` return a `CgwatchCPUAccelerator`.
+
+    Imports DeepSpeed. Call it before `deepspeed.initialize()`. Raises RuntimeError if
+    DeepSpeed selected a non-CPU accelerator (CUDA, ...), unless `force`. Idempotent; returns
+    the installed accelerator. `monitor`: a `cgwatch.Monitor` to ask instead of the default.
+    """
+    with _lock:
+        return _install_into(importlib.import_module(_REAL_ACCELERATOR), monitor, force)
+
+
+def uninstall() -> bool:
+    """Give DeepSpeed back the accelerator that `install()` replaced. True if it did."""
+    global _previous
+    with _lock:
+        ra = sys.modules.get(_REAL_ACCELERATOR)
+        if ra is None or _class is None or _previous is None:
+            return False
+        if not isinstance(ra.ds_accelerator, _class):
+            return False
+        ra.set_accelerator(_previous)
+        _previous = None
+        return True
+
+
+def _on_real_accelerator_loaded(ra: ModuleType) -> None:
+    global _autoload_status
+    try:
+        wanted = os.environ.get("DS_ACCELERATOR")
+        if wanted is not None and wanted != "cpu":
+            _autoload_status = f"skipped: DS_ACCELERATOR={wanted}"
+            log.warning("cgwatch: %s=1 ignored, %s", ENV_VAR, _autoload_status[9:])
+            return
+        _install_into(ra, None, force=False)
+        _autoload_status = "installed"
+        log.info("cgwatch: DeepSpeed CPU accelerator memory now comes from the cgroup")
+    except Exception as exc:  # never break `import deepspeed`
+        _autoload_status = f"skipped: {exc}"
+        log.warning("cgwatch: %s=1 ignored: %s", ENV_VAR, exc)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lets the other finders find DeepSpeed's `real_accelerator` and
+    runs `_on_real_accelerator_loaded` right after the module's own code has run."""
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname != _REAL_ACCELERATOR:
+            return None
+        spec: Optional[importlib.machinery.ModuleSpec] = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        loader = spec.loader if spec is not None else None
+        exec_module = getattr(loader, "exec_module", None)
+        if spec is None or exec_module is None:
+            return spec
+        self.remove()
+
+        def exec_then_install(module: ModuleType) -> None:
+            exec_module(module)
+            _on_real_accelerator_loaded(module)
+
+        # The loader object is this spec's own (one per find), so patching it is local.
+        loader.exec_module = exec_then_install  # type: ignore[union-attr,method-assign]
+        return spec
+
+    def remove(self) -> None:
+        # No lock: this runs inside an import, and list.remove is atomic under the GIL.
+        global _finder
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        if _finder is self:
+            _finder = None
+
+
+def enable_autoload() -> str:
+    """Arm the hook that installs `CgwatchCPUAccelerator` as DeepSpeed starts.
+
+    Before `import deepspeed`: installs it right after DeepSpeed's `real_accelerator` module
+    loads, before any DeepSpeed module asks for the accelerator, unless `DS_ACCELERATOR` names
+    another accelerator or DeepSpeed detects a non-CPU one (then it logs why and leaves
+    DeepSpeed's choice). After `import deepspeed`: installs now (as `install()`).
+    Never raises. Returns `autoload_status()`.
+    """
+    global _finder, _autoload_status
+    with _lock:
+        ra = sys.modules.get(_REAL_ACCELERATOR)
+        if ra is not None and hasattr(ra, "set_accelerator"):
+            _on_real_accelerator_loaded(ra)
+        elif _finder is None:
+            _finder = _PostImportFinder()
+            sys.meta_path.insert(0, _finder)
+            _autoload_status = "armed"
+        return _autoload_status
+
+
+def _pth_hook() -> None:
+    """What the .pth line runs at interpreter start when the variable is set."""
+    if env_enabled():
+        enable_autoload()
+
+
+def disable_autoload() -> None:
+    """Disarm the hook if DeepSpeed has not been imported yet (does not uninstall)."""
+    global _autoload_status
+    with _lock:
+        if _finder is not None:
+            _finder.remove()
+            _autoload_status = "not armed"
+
+
+def autoload_status() -> str:
+    """`not armed`, `armed`, `installed`, or `skipped: <why>`."""
+    return _autoload_status
+
+
+def pth_path(directory: Optional[str] = None) -> str:
+    """Where `install_pth()` writes: `directory`, or this interpreter's site-packages."""
+    return os.path.join(directory or sysconfig.get_paths()["purelib"], PTH_NAME)
+
+
+def install_pth(directory: Optional[str] = None) -> str:
+    """Write `cgwatch-deepspeed.pth` (inert unless `CGWATCH_DEEPSPEED` is set). Returns its
+    path. Idempotent."""
+    path = pth_path(directory)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(PTH_LINE)
+    os.replace(tmp, path)
+    return path
+
+
+def uninstall_pth(directory: Optional[str] = None) -> bool:
+    """Remove the .pth file. True if there was one."""
+    try:
+        os.unlink(pth_path(directory))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _check() -> dict[str, Any]:
+    """Import DeepSpeed and report what its accelerator answers (for `check`)."""
+    import cgwatch
+
+    accel = importlib.import_module("deepspeed.accelerator").get_accelerator()
+    return {
+        "env": {ENV_VAR: os.environ.get(ENV_VAR)},
+        "autoload": autoload_status(),
+        "accelerator": f"{type(accel).__module__}.{type(accel).__qualname__}",
+        "total_memory": accel.total_memory(),
+        "available_memory": accel.available_memory(),
+        "export_envs": accel.export_envs(),
+        "cgwatch_total_memory": cgwatch.total_memory(),
+        "cgwatch_available_memory": cgwatch.available_memory(),
+    }
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m cgwatch.integrations",
+        description="Manage the CGWATCH_DEEPSPEED switch for DeepSpeed's CPU accelerator.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("install-pth", f"write {PTH_NAME} into site-packages (inert without {ENV_VAR})"),
+        ("uninstall-pth", f"remove {PTH_NAME}"),
+        ("status", "show where the .pth goes, whether it is there, and the switch"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--dir", help="site directory (default: this interpreter's purelib)")
+    sub.add_parser("check", help="import DeepSpeed and print its accelerator's memory answers")
+    args = parser.parse_args(argv)
+
+    if args.command == "install-pth":
+        print(install_pth(args.dir))
+    elif args.command == "uninstall-pth":
+        path = pth_path(args.dir)
+        print(f"removed {path}" if uninstall_pth(args.dir) else f"not present: {path}")
+    elif args.command == "status":
+        path = pth_path(args.dir)
+        info = {
+            "pth": path,
+            "pth_installed": os.path.exists(path),
+            ENV_VAR: os.environ.get(ENV_VAR),
+            "enabled": env_enabled(),
+            "autoload": autoload_status(),
+        }
+        print(json.dumps(info, indent=2))
+    else:
+        print(json.dumps(_check(), indent=2))
+    return 0
