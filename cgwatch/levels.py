@@ -32,6 +32,16 @@ def read_fd(fd: int) -> bytes:
         offset += len(chunk)
 
 
+def close_quietly(*fds: int) -> None:
+    """Close descriptors that may already be gone (-1 is skipped); never raises."""
+    for fd in fds:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def read_file(path: str) -> str:
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "replace")
@@ -79,12 +89,7 @@ class KeptFiles:
         self.stat_fd = os.open(os.path.join(directory, "memory.stat"), os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
-        for fd in (self.usage_fd, self.stat_fd):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        close_quietly(self.usage_fd, self.stat_fd)
         self.usage_fd = self.stat_fd = -1
 
     def __del__(self) -> None:

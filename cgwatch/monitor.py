@@ -535,12 +535,7 @@ class Monitor:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        levels.close_quietly(self._wake_r, self._wake_w)
         self._wake_r = self._wake_w = -1
         self._snap = replace(self._snap, expires=0.0)
 
@@ -602,10 +597,7 @@ def _run_thread(ref: weakref.ref[Monitor], wake_r: int) -> None:
             except OSError:
                 state["ready"] = []
     finally:
-        try:
-            os.close(wake_r)
-        except OSError:
-            pass
+        levels.close_quietly(wake_r)
 
 
 def iter_monitors() -> Iterator[Monitor]:

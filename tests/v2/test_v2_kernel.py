@@ -24,6 +24,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.cgroup_helpers import read, write
+
 CG = "/sys/fs/cgroup"
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,20 +61,6 @@ if not WHY_NOT:
 
 
 # ---- cgroup plumbing (plain file writes, independent of cgwatch) ------------------------------
-
-def write(path: str, value: str) -> None:
-    """One write(2), as a container runtime or kubelet does it."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, value.encode())
-    finally:
-        os.close(fd)
-
-
-def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
 
 def stat_value(directory: str, key: str) -> int:
     for line in read(f"{directory}/memory.stat").splitlines():
