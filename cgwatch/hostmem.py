@@ -20,6 +20,10 @@ log = logging.getLogger("cgwatch")
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
+# psutil's own function, kept from import time: cgwatch.psutil_view may patch
+# psutil.virtual_memory to call back into cgwatch, which must not recurse through us.
+_psutil_virtual_memory = psutil.virtual_memory
+
 
 def _sysinfo_free_bytes() -> int:
     # glibc answers SC_AVPHYS_PAGES with sysinfo(2)'s freeram: the kernel's NR_FREE_PAGES, the
@@ -48,7 +52,7 @@ class HostMemory:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
-            self.total = int(psutil.virtual_memory().total)
+            self.total = int(_psutil_virtual_memory().total)
         self.refresh_bound()
 
     def refresh_bound(self) -> None:
@@ -76,7 +80,7 @@ class HostMemory:
         """Host MemAvailable in bytes (psutil's figure where there is no meminfo)."""
         if self.fd >= 0:
             return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
-        return int(psutil.virtual_memory().available)
+        return int(_psutil_virtual_memory().available)
 
     def available_lower_bound(self) -> int:
         """A value certainly <= MemAvailable right now, or -1 when none is known.
