@@ -126,6 +126,7 @@ class Monitor:
         self._pid = os.getpid()
         self._change_hooks: list[Callable[[list[Change]], None]] = []
         self._reload_hooks: list[Callable[[], None]] = []
+        self._target_hooks: list[Callable[[], list[Target]]] = []
         self._snap: _Snapshot = self._build_snapshot("start", previous=None)
         _monitors.add(self)
         self._arm()
@@ -260,6 +261,25 @@ class Monitor:
     def _add_change_hook(self, hook: Callable[[list[Change]], None]) -> None:
         self._change_hooks.append(hook)
 
+    def _add_target_hook(self, hook: Callable[[], list[Target]]) -> None:
+        """More inotify targets (events.py: memory.events files), asked for on every re-watch.
+        The hook runs under self._lock and must not raise."""
+        with self._lock:
+            self._target_hooks.append(hook)
+            if self._watcher is not None and not self._start_watching():
+                self._reload("the cgroup tree changed while it was being watched")
+
+    def _remove_hooks(self, *hooks: object) -> None:
+        """Drop the events layer's hooks. The lists are replaced, not mutated, because the
+        thread may be iterating over them."""
+        with self._lock:
+            self._change_hooks = [h for h in self._change_hooks if h not in hooks]
+            self._reload_hooks = [h for h in self._reload_hooks if h not in hooks]
+            if any(h in hooks for h in self._target_hooks):
+                self._target_hooks = [h for h in self._target_hooks if h not in hooks]
+                if self._watcher is not None and not self._start_watching():
+                    self._reload("the cgroup tree changed while it was being watched")
+
     # ---- building snapshots (under self._lock) ---------------------------------------------
 
     def _report(self, reason: str) -> None:
@@ -382,7 +402,7 @@ class Monitor:
         return targets
 
     def _extra_targets(self) -> list[Target]:
-        return []
+        return [target for hook in self._target_hooks for target in hook()]
 
     def _start_watching(self) -> bool:
         """Point inotify at the current levels, creating the watcher if it is missing (so a
