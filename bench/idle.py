@@ -1,0 +1,135 @@
+"""Idle cost of the monitor thread, monitor start-up time, and RSS added by cgwatch.
+
+Idle: the kernel's per-thread counters for the thread named "cgwatch", read before and after a
+quiet period in which this process only sleeps: voluntary context switches (each is one block
+then wake-up), CPU time from /proc/self/task/<tid>/stat (utime + stime, clock ticks) and
+schedstat (ns on CPU, exact). RSS and import time are measured in fresh subprocesses, so
+nothing this process already loaded is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_counters(tid: int) -> dict[str, float]:
+    """Wake-up and CPU counters of one thread of this process."""
+    task = f"/proc/self/task/{tid}"
+    with open(f"{task}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15 of proc(5).
+    cpu_ticks = int(fields[11]) + int(fields[12])
+    status = {}
+    with open(f"{task}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            status[key] = value.strip()
+    with open(f"{task}/schedstat") as f:
+        run_ns, _wait_ns, slices = (int(x) for x in f.read().split())
+    return {
+        "voluntary": int(status["voluntary_ctxt_switches"]),
+        "involuntary": int(status["nonvoluntary_ctxt_switches"]),
+        "cpu_s": cpu_ticks / CLK_TCK,
+        "run_ns": run_ns,
+        "timeslices": slices,
+    }
+
+
+def cgwatch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "cgwatch" and t.is_alive()]
+
+
+def idle_cost(seconds: float, migration_interval: float) -> dict[str, Any]:
+    """Counters of the one live "cgwatch" thread over `seconds` of sleeping."""
+    threads = cgwatch_threads()
+    if len(threads) != 1 or threads[0].native_id is None:
+        raise RuntimeError(f"expected one live cgwatch thread, found {len(threads)}")
+    tid = threads[0].native_id
+    before = thread_counters(tid)
+    start = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - start
+    after = thread_counters(tid)
+    delta = {key: after[key] - before[key] for key in before}
+    timer_ticks = math.ceil(elapsed / migration_interval)
+    return {
+        "seconds": elapsed,
+        "wakeups": delta["voluntary"],
+        "involuntary_switches": delta["involuntary"],
+        "timer_ticks_expected": timer_ticks,
+        "wakeups_beyond_timer": max(0, delta["voluntary"] - timer_ticks),
+        "cpu_ms": delta["run_ns"] / 1e6,
+        "cpu_ms_stat": delta["cpu_s"] * 1e3,
+        "cpu_us_per_wakeup": delta["run_ns"] / 1e3 / max(1, delta["voluntary"]),
+    }
+
+
+def startup_time(make: Callable[[], Any], repeat: int) -> dict[str, float]:
+    """Seconds to construct a monitor (it resolves, reads, watches and starts its thread)."""
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        monitor = make()
+        times.append(time.perf_counter() - start)
+        monitor.close()
+    return {"best_ms": min(times) * 1e3, "median_ms": statistics.median(times) * 1e3,
+            "repeat": repeat}
+
+
+_CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, {path!r})
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+out = {{"rss0": rss()}}
+t = time.perf_counter()
+import {module}
+out["import_ms"] = (time.perf_counter() - t) * 1e3
+out["rss_import"] = rss()
+if {start}:
+    t = time.perf_counter()
+    cgwatch.total_memory()
+    cgwatch.available_memory()
+    out["first_call_ms"] = (time.perf_counter() - t) * 1e3
+    time.sleep(0.2)
+    out["rss_started"] = rss()
+print(json.dumps(out))
+"""
+
+
+def _child(module: str, start: bool, package_parent: str) -> dict[str, float]:
+    code = _CHILD.format(path=package_parent, module=module, start=start)
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True, timeout=60)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def rss_and_import(package_parent: str, repeat: int) -> dict[str, float]:
+    """Median over fresh interpreters: RSS added by `import cgwatch` and by starting the
+    default monitor (first query), with `import psutil` alone for comparison."""
+    runs = [_child("cgwatch", True, package_parent) for _ in range(repeat)]
+    psutil_runs = [_child("psutil", False, package_parent) for _ in range(repeat)]
+
+    def med(rows: list[dict[str, float]], fn: Callable[[dict[str, float]], float]) -> float:
+        return statistics.median(fn(r) for r in rows)
+
+    return {
+        "import_ms": med(runs, lambda r: r["import_ms"]),
+        "first_call_ms": med(runs, lambda r: r["first_call_ms"]),
+        "rss_import_kib": med(runs, lambda r: (r["rss_import"] - r["rss0"]) / 1024),
+        "rss_start_kib": med(runs, lambda r: (r["rss_started"] - r["rss_import"]) / 1024),
+        "psutil_import_ms": med(psutil_runs, lambda r: r["import_ms"]),
+        "psutil_rss_import_kib": med(psutil_runs, lambda r: (r["rss_import"] - r["rss0"]) / 1024),
+        "repeat": repeat,
+    }
