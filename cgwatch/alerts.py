@@ -1,0 +1,137 @@
+"""Headroom alerts: "tell me when available_memory() drops below N bytes (or a fraction of
+total_memory())", as values, with the pure rules for when one fires.
+
+The timing lives in events.py. How a drop is noticed, per case:
+- v1: a usage threshold eventfd (`cgroup.event_control` on `memory.usage_in_bytes`) at
+  `limit - N` on every limited level. Headroom can only be below N when usage is above that,
+  so the kernel wakes the check the moment usage gets there (usage includes page cache, so the
+  check then decides with `available_memory()` itself).
+- v2: a PSI trigger on each limited level's `memory.pressure` (default `some 100000 1000000`:
+  100 ms of memory stall within 1 s) and any `memory.events` change (`high`, `max`) wake the
+  check at once; v2 has no usage thresholds, so a drop with no pressure at all is seen by the
+  periodic check.
+- Always: a periodic check every `check_interval` seconds (default 1 s), because the host's
+  MemAvailable and reclaimable page cache change without any notification.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .units import human_bytes
+
+_UNIT_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """An alert level: `bytes`, or `fraction` of total_memory() (exactly one is set).
+
+    `hysteresis`: how far above the threshold available memory must climb before the alert
+    re-arms and reports "above" (default 5% of the threshold), so headroom hovering at the
+    line does not flood the log.
+    """
+
+    bytes: Optional[int] = None
+    fraction: Optional[float] = None
+    hysteresis: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if (self.bytes is None) == (self.fraction is None):
+            raise ValueError("give exactly one of bytes or fraction")
+        if self.bytes is not None and self.bytes <= 0:
+            raise ValueError("threshold bytes must be positive")
+        if self.fraction is not None and not 0 < self.fraction < 1:
+            raise ValueError("threshold fraction must be between 0 and 1")
+
+    def bytes_for(self, total: int) -> int:
+        """The threshold in bytes, given total_memory()."""
+        if self.bytes is not None:
+            return self.bytes
+        assert self.fraction is not None
+        return int(total * self.fraction)
+
+    def rearm_margin(self, threshold: int) -> int:
+        return self.hysteresis if self.hysteresis is not None else threshold // 20
+
+    def describe(self) -> str:
+        if self.bytes is not None:
+            return human_bytes(self.bytes)
+        assert self.fraction is not None
+        return f"{self.fraction * 100:g}% of total"
+
+    @staticmethod
+    def parse(text: str) -> Threshold:
+        """`512M`, `512MiB`, `1.5G`, `1048576` (bytes; k/m/g/t are powers of 1024 with or
+        without `i`/`B`) or `10%` (of total_memory()). Raises ValueError."""
+        match = _PERCENT.match(text)
+        if match:
+            return Threshold(fraction=float(match.group(1)) / 100)
+        match = _SIZE.match(text)
+        if not match:
+            raise ValueError(f"not a size or percentage: {text!r}")
+        number, unit = match.group(1), match.group(2).lower()
+        value = float(number) * (1 << _UNIT_SHIFT[unit])
+        if not unit and "." in number:
+            raise ValueError(f"a byte count must be whole: {text!r}")
+        return Threshold(bytes=int(value))
+
+
+@dataclass(frozen=True)
+class HeadroomAlert:
+    """available_memory() crossed a threshold: `below` True when it dropped under it, False
+    when it climbed back above (threshold + hysteresis)."""
+
+    below: bool
+    threshold: int  # bytes, at the time of the crossing
+    spec: str  # the threshold as the caller gave it, for messages
+    available: int
+    total: int
+    cgroup_path: Optional[str]  # the level with the least headroom; None when it is the host
+    limit: Optional[int]  # that level's limit and usage (None for the host)
+    usage: Optional[int]
+    time: float  # time.monotonic() when it was seen
+
+    kind = "headroom"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "state": "below" if self.below else "above",
+                **self.__dict__}
+
+    def message(self) -> str:
+        where = (f"least headroom at {self.cgroup_path} (limit {human_bytes(self.limit)}, "
+                 f"usage {human_bytes(self.usage)})" if self.cgroup_path is not None
+                 else "the host's MemAvailable is the binding value")
+        if self.below:
+            return (f"available memory {human_bytes(self.available)} is below "
+                    f"{human_bytes(self.threshold)} ({self.spec}); {where}")
+        return (f"available memory {human_bytes(self.available)} is back above "
+                f"{human_bytes(self.threshold)} ({self.spec})")
+
+
+def crossing(below: Optional[bool], available: int, threshold: int,
+             margin: int) -> tuple[bool, bool]:
+    """(new state, whether to report it) for one check. `below` is the state after the last
+    check (None before the first). Already below at the first check is reported; starting
+    above is not."""
+    if not below and available < threshold:
+        return True, True
+    if below and available >= threshold + margin:
+        return False, True
+    if below is None:
+        return False, False
+    return below, False
+
+
+def usage_thresholds(limits: Sequence[Optional[int]], threshold: int) -> list[Optional[int]]:
+    """v1: the usage at which to arm an eventfd on each level, leaf first. Headroom at a level
+    is limit - usage + inactive_file >= limit - usage, so it can only be under `threshold`
+    once usage is above limit - threshold. None where there is no limit, or where the limit
+    itself is at most the threshold (then the periodic check is all there is)."""
+    return [limit - threshold if limit is not None and limit > threshold else None
+            for limit in limits]
