@@ -58,11 +58,35 @@ def format_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _subcommand(name: str, argv: list[str]) -> int:
+    """`cgwatch watch ...` / `cgwatch run -- CMD ...` (watch.py, run.py)."""
+    from . import run, watch  # only these commands need the events layer
+
+    if name == "watch":
+        parser = argparse.ArgumentParser(
+            prog="cgwatch watch",
+            description="Print the headroom now, then one line per memory event (OOM kills, "
+                        "limit hits, ...) and per --below crossing, until Ctrl-C.")
+        watch.add_arguments(parser)
+        return watch.run_watch(parser.parse_args(argv))
+    parser = argparse.ArgumentParser(
+        prog="cgwatch run",
+        description="Run CMD in this cgroup; exit with its status; if the OOM killer struck "
+                    "meanwhile, say which cgroup's limit was reached and what to do.")
+    run.add_arguments(parser)
+    return run.run_command(parser.parse_args(argv))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] in (["watch"], ["run"]):
+        return _subcommand(args_in[0], args_in[1:])
     parser = argparse.ArgumentParser(
         prog="cgwatch",
         description="Show how much memory this process may really use: the memory limits on "
-                    "the path from its cgroup to the top, and the headroom left.")
+                    "the path from its cgroup to the top, and the headroom left.",
+        epilog="More: `cgwatch watch` prints memory events as they happen; `cgwatch run -- "
+               "CMD` runs CMD and explains an OOM kill (see --help of each).")
     parser.add_argument("--json", action="store_true", help="print JSON (sizes in bytes)")
     parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

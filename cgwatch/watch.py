@@ -1,0 +1,109 @@
+"""`cgwatch watch`: the current headroom, then one line per memory event and per headroom
+threshold crossing until Ctrl-C (or SIGTERM); `--json` prints JSON lines instead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from typing import Any, Optional, TextIO
+
+from . import counters
+from .alerts import HeadroomAlert, Threshold
+from .events import Event, Events, Item
+from .monitor import Monitor
+from .units import human_bytes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON lines (sizes in bytes)")
+    parser.add_argument("--below", action="append", default=[], metavar="SIZE|PCT",
+                        type=_threshold,
+                        help="report when available memory drops below SIZE (512M, 2G, bytes) "
+                             "or PCT of total memory (10%%), and when it recovers; repeatable")
+    parser.add_argument("--all", action="store_true",
+                        help="also print rises that only repeat the level below's (v2 counts a "
+                             "kill at every ancestor)")
+    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                        help="how often what has no kernel notification is re-read (default 1)")
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
+
+
+def _threshold(text: str) -> Threshold:
+    try:
+        return Threshold.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def start_record(monitor: Monitor, events: Events, thresholds: list[Threshold]) -> dict[str, Any]:
+    """What `watch` prints first: where it is, the headroom now, and how it is watching."""
+    status = monitor.status
+    available = monitor.available_memory()
+    least = [lvl for lvl in monitor.levels() if lvl.binds_available]
+    return {"type": "start", "time": time.monotonic(), "wall_time": time.time(),
+            "version": status.version, "cgroup_path": status.cgroup_path,
+            "directory": status.directory, "mode": status.mode, "reason": status.reason,
+            "available_memory": available, "total_memory": monitor.total_memory(),
+            "least_headroom": least[0].cgroup_path if least else None,
+            "thresholds": [t.describe() for t in thresholds], **events.mechanisms()}
+
+
+def format_start(rec: dict[str, Any]) -> str:
+    if rec["version"] is None:
+        where = f"no memory cgroup ({rec['reason']})"
+    else:
+        where = f"cgroup v{rec['version']} {rec['cgroup_path']} ({rec['mode']})"
+    least = f", least headroom at {rec['least_headroom']}" if rec["least_headroom"] else ""
+    lines = [f"cgwatch watch: {where}",
+             f"  available {human_bytes(rec['available_memory'])} of "
+             f"{human_bytes(rec['total_memory'])}{least}",
+             f"  events: {rec['events']}"]
+    if rec["thresholds"]:
+        lines.append(f"  alerts below {', '.join(rec['thresholds'])}: {rec['alerts']}")
+    return "\n".join(lines)
+
+
+def format_item(item: Item, limit_above: Optional[tuple[int, str]] = None,
+                wall: Optional[float] = None) -> str:
+    """One line: local time, severity, message (`limit_above`: Events.limit_above)."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(wall if wall is not None else time.time()))
+    if isinstance(item, HeadroomAlert):
+        return f"{stamp} {'WARNING' if item.below else 'INFO':7} {item.message()}"
+    return (f"{stamp} {counters.severity(item.counter).upper():7} "
+            f"{item.message(limit_above)}")
+
+
+def json_item(item: Item) -> str:
+    return json.dumps({**item.as_dict(), "wall_time": time.time()})
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    with Monitor(args.root) as monitor, Events(monitor, log=False,
+                                               poll_interval=args.interval,
+                                               check_interval=args.interval) as events:
+        for spec in args.below:
+            events.alert_below(spec)
+        try:
+            rec = start_record(monitor, events, args.below)
+            out.write((json.dumps(rec) if args.json else format_start(rec)) + "\n")
+            out.flush()
+            for item in events:
+                if isinstance(item, Event) and item.propagated and not args.all:
+                    continue
+                line = json_item(item) if args.json else format_item(
+                    item, events.limit_above(item))
+                out.write(line + "\n")
+                out.flush()
+        except KeyboardInterrupt:
+            pass
+        except BrokenPipeError:
+            pass  # `cgwatch watch | head`: the reader is gone
+    return 0
