@@ -164,6 +164,28 @@ def cgroup_tree() -> Iterator[Tree]:
         tree.remove_all()
 
 
+def oom_victim_cgroup(tree: Tree, limited: str) -> str:
+    """Where to run a process that `limited`'s limit will OOM-kill so that the kill counts at
+    `limited` itself: v1 counts `oom_kill` only in the victim's own cgroup, so the victim
+    runs in `limited`; v2 counts it hierarchically, and a cgroup that hands the memory
+    controller to children (as `limited` does, for a monitor's cgroup beside the victim)
+    may not hold processes, so the victim runs in a leaf below it (made on first use)."""
+    if tree.version == 1:
+        return limited
+    leaf = os.path.join(limited, "victim")
+    if not os.path.isdir(leaf):
+        tree.make(os.path.relpath(leaf, tree.base))
+    return leaf
+
+
+def oom_kills(directory: str, version: int) -> int:
+    """The kernel's oom_kill counter of a cgroup (v2 memory.events: its subtree; v1
+    memory.oom_control: its own processes)."""
+    name = "memory.events" if version == 2 else "memory.oom_control"
+    counters = dict(line.split() for line in read(os.path.join(directory, name)).splitlines())
+    return int(counters["oom_kill"])
+
+
 def measured_headroom(directory: str, version: int) -> int:
     """limit - (usage - inactive_file) read straight from the files (independent of cgwatch)."""
     names = ("memory.max", "memory.current", "inactive_file") if version == 2 else (
