@@ -5,22 +5,35 @@
     cgwatch.available_memory()  # min headroom over the limited levels and the host
 
 Both never raise. `cgwatch.Monitor` gives a private monitor, its levels and status.
+`cgwatch.Events` reports memory events (OOM kills, limit hits) and headroom alerts.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .monitor import HOST, POLLING, WATCHING, LevelInfo, Monitor, Status
+
+if TYPE_CHECKING:
+    from .alerts import HeadroomAlert, Threshold
+    from .events import Event, Events
+
+# The events layer loads on first use, so `import cgwatch` stays as cheap as the queries.
+_LAZY = {"Event": "events", "Events": "events", "HeadroomAlert": "alerts",
+         "Threshold": "alerts"}
 
 __all__ = [
     "HOST",
     "POLLING",
     "WATCHING",
+    "Event",
+    "Events",
+    "HeadroomAlert",
     "LevelInfo",
     "Monitor",
     "Status",
+    "Threshold",
     "available_memory",
     "default_monitor",
     "total_memory",
@@ -52,3 +65,11 @@ def available_memory() -> int:
     """Bytes this process can still allocate: min(host MemAvailable, each limited level's
     limit - (usage - inactive_file))."""
     return default_monitor().available_memory()
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -317,6 +317,7 @@ class Events:
             if self._closed:
                 return []
             self._drain_ooms()
+            self._scan_requested = False  # this scan answers any request pending
             items: list[Item] = list(self._scan(time.monotonic()))
         self._deliver(items)
         return items

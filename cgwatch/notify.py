@@ -12,8 +12,6 @@ kernel log; usage thresholds print nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 from typing import Callable, Optional
@@ -33,6 +31,9 @@ def eventfd() -> int:
     make = getattr(os, "eventfd", None)
     if make is not None:
         return int(make(0, _eventfd_flags()))
+    import ctypes  # only on 3.9, which has no os.eventfd
+    import ctypes.util
+
     global _libc_eventfd
     if _libc_eventfd is None:
         libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)

@@ -79,6 +79,7 @@ def start_quiet(opened: list[Any], tree: Tree) -> Events:
     opened.append(monitor)
     events = Events(monitor, poll_interval=60.0, log=False)
     opened.append(events)
+    assert events.scan_now() == []  # answers the thread's own look after the baseline
     return events
 
 
@@ -271,3 +272,27 @@ def test_no_cgroup_means_no_events(tmp_path: Any, opened: list[Any]) -> None:
     opened.append(events)
     assert events.mechanisms()["events"].startswith("none")
     assert drain(events, 0.1) == []
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["os.eventfd", "ctypes (3.9)"])
+def test_eventfd(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    import fcntl
+    import os
+
+    from cgwatch import notify
+
+    if not native:
+        monkeypatch.delattr(os, "eventfd", raising=False)
+    elif not hasattr(os, "eventfd"):
+        pytest.skip("this Python has no os.eventfd")
+    fd = notify.eventfd()
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+        assert notify.drain_eventfd(fd) == 0  # nothing yet, and no blocking
+        os.write(fd, (3).to_bytes(8, "little"))
+        os.write(fd, (2).to_bytes(8, "little"))
+        assert notify.drain_eventfd(fd) == 5
+        assert notify.drain_eventfd(fd) == 0
+    finally:
+        os.close(fd)
