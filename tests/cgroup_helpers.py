@@ -164,6 +164,19 @@ def cgroup_tree() -> Iterator[Tree]:
         tree.remove_all()
 
 
+def enable_memory_for_children(directory: str, version: int) -> None:
+    """v2: let `directory`'s children have the memory controller, if it does not already
+    (needed where the test runs in the root cgroup, as in the VM tier). Best effort: a
+    non-root cgroup that holds processes may not do it, and then cannot be a test base."""
+    if version != 2:
+        return
+    try:
+        if "memory" not in read(os.path.join(directory, "cgroup.subtree_control")).split():
+            write(os.path.join(directory, "cgroup.subtree_control"), "+memory")
+    except OSError:
+        pass
+
+
 def oom_victim_cgroup(tree: Tree, limited: str) -> str:
     """Where to run a process that `limited`'s limit will OOM-kill so that the kill counts at
     `limited` itself: v1 counts `oom_kill` only in the victim's own cgroup, so the victim

@@ -30,6 +30,7 @@ from tests.cgroup_helpers import (
     MiB,
     Tree,
     cgroup_tree,
+    enable_memory_for_children,
     measured_headroom,
     oom_kills,
     oom_victim_cgroup,
@@ -106,6 +107,9 @@ class Lines:
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:
+    own, why = own_memory_cgroup()
+    assert own is not None, why
+    enable_memory_for_children(own.directory, own.version)
     with cgroup_tree() as t:
         yield t
 
