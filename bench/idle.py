@@ -92,6 +92,7 @@ sys.path.insert(0, {path!r})
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+import {pre}
 out = {{"rss0": rss()}}
 t = time.perf_counter()
 import {module}
@@ -108,8 +109,13 @@ print(json.dumps(out))
 """
 
 
-def _child(module: str, start: bool, package_parent: str) -> dict[str, float]:
-    code = _CHILD.format(path=package_parent, module=module, start=start)
+# What cgwatch imports from elsewhere: a real application (DeepSpeed, a server) has most of it
+# loaded already, so cgwatch's own share is measured with these imported first.
+DEPENDENCIES = "psutil, inotify_simple, logging, dataclasses, threading, select, weakref"
+
+
+def _child(module: str, start: bool, package_parent: str, pre: str = "os") -> dict[str, float]:
+    code = _CHILD.format(path=package_parent, module=module, start=start, pre=pre)
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True, timeout=60)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -117,9 +123,11 @@ def _child(module: str, start: bool, package_parent: str) -> dict[str, float]:
 
 def rss_and_import(package_parent: str, repeat: int) -> dict[str, float]:
     """Median over fresh interpreters: RSS added by `import cgwatch` and by starting the
-    default monitor (first query), with `import psutil` alone for comparison."""
+    default monitor (first query), with `import psutil` alone for comparison, and cgwatch's
+    own share (its dependencies imported first)."""
     runs = [_child("cgwatch", True, package_parent) for _ in range(repeat)]
     psutil_runs = [_child("psutil", False, package_parent) for _ in range(repeat)]
+    own_runs = [_child("cgwatch", False, package_parent, DEPENDENCIES) for _ in range(repeat)]
 
     def med(rows: list[dict[str, float]], fn: Callable[[dict[str, float]], float]) -> float:
         return statistics.median(fn(r) for r in rows)
@@ -131,5 +139,7 @@ def rss_and_import(package_parent: str, repeat: int) -> dict[str, float]:
         "rss_start_kib": med(runs, lambda r: (r["rss_started"] - r["rss_import"]) / 1024),
         "psutil_import_ms": med(psutil_runs, lambda r: r["import_ms"]),
         "psutil_rss_import_kib": med(psutil_runs, lambda r: (r["rss_import"] - r["rss0"]) / 1024),
+        "own_import_ms": med(own_runs, lambda r: r["import_ms"]),
+        "own_rss_import_kib": med(own_runs, lambda r: (r["rss_import"] - r["rss0"]) / 1024),
         "repeat": repeat,
     }

@@ -88,8 +88,10 @@ def misc_lines(results: dict[str, Any]) -> list[str]:
         out.append(
             f"- fresh interpreter (median of {rss['repeat']}): `import cgwatch` "
             f"{rss['import_ms']:.1f} ms, +{rss['rss_import_kib']:.0f} KiB RSS "
-            f"(of which `import psutil` alone: {rss['psutil_import_ms']:.1f} ms, "
-            f"+{rss['psutil_rss_import_kib']:.0f} KiB); first total+available call (starts "
+            f"(`import psutil` alone: {rss['psutil_import_ms']:.1f} ms, "
+            f"+{rss['psutil_rss_import_kib']:.0f} KiB; cgwatch's own modules, its dependencies "
+            f"already imported: {rss['own_import_ms']:.1f} ms, "
+            f"+{rss['own_rss_import_kib']:.0f} KiB); first total+available call (starts "
             f"the monitor) {rss['first_call_ms']:.2f} ms, +{rss['rss_start_kib']:.0f} KiB RSS")
     return out + [""] if out else out
 
