@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import psutil
 
-from bench import cgroups, latency, timing
+from bench import cgroups, events_latency, latency, timing
 
 SHAPES = ((0, "none"), (1, "leaf"), (10, "leaf"), (10, "all"))
 
@@ -57,11 +57,15 @@ def _calls(packages: dict[str, ModuleType], rounds: int, batch: float) -> dict[s
 def _latency(packages: dict[str, ModuleType], nest: cgroups.Nest, base: int, trials: int,
              poller: str, block: int = 50) -> dict[str, Any]:
     seconds: dict[str, list[float]] = {name: [] for name in packages}
+    if poller == "spin":
+        seconds["floor (bare thread)"] = []
     while min(len(s) for s in seconds.values()) < trials:
         for name, package in packages.items():
             with package.Monitor() as monitor:
                 seconds[name] += latency.limit_write_seconds(
                     nest, monitor.total_memory, base, block, poller)
+        if poller == "spin":
+            seconds["floor (bare thread)"] += latency.bare_thread_seconds(nest, base, block)
     return {name: latency.summarize(s) for name, s in seconds.items()}
 
 
@@ -70,7 +74,8 @@ def main() -> int:
     parser.add_argument("packages", nargs="+", help="cgwatch package directories; the first is "
                         "the baseline the others are compared with")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("calls", "latency"), help="run one section")
+    parser.add_argument("--only", choices=("calls", "latency", "events"),
+                        help="run one section (events: only with --only)")
     parser.add_argument("--trials", type=int, help="latency trials per package")
     args = parser.parse_args()
     packages = {chr(ord("A") + i): load(f"cgwatch_{chr(ord('a') + i)}", path)
@@ -79,11 +84,29 @@ def main() -> int:
     trials = args.trials or trials
     for name, path in zip(packages, args.packages):
         print(f"{name} = {path}")
-    if args.only != "latency":
+    if args.only is None or args.only == "calls":
         _call_table(packages, rounds, batch)
-    if args.only != "calls":
+    if args.only is None or args.only == "latency":
         _latency_table(packages, trials)
+    if args.only == "events":
+        _events_table(packages, args.trials or 100)
     return 0
+
+
+def _events_table(packages: dict[str, ModuleType], trials: int, block: int = 20) -> None:
+    """OOM kill -> Events callback, alternating blocks of trials between the packages."""
+    first: dict[str, list[float]] = {name: [] for name in packages}
+    with cgroups.nest(1, "leaf", 4 * cgroups.GiB) as nest, cgroups.inside(nest):
+        while min(len(s) for s in first.values()) < trials:
+            for name, package in packages.items():
+                seconds = events_latency.oom_latency(nest, block, package)["first_event_seconds"]
+                first[name] += seconds
+    print("\n| OOM kill -> first Events callback | trials | p50 | p99 | max |\n"
+          "|---|---|---|---|---|")
+    for name, s in first.items():
+        r = latency.summarize(s)
+        print(f"| {name} | {r['trials']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms "
+              f"| {r['max_ms']:.2f} ms |")
 
 
 def _call_table(packages: dict[str, ModuleType], rounds: int, batch: float) -> None:

@@ -71,6 +71,23 @@ def latency_table(latency: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def events_table(ev: dict[str, Any]) -> list[str]:
+    if "skipped" in ev:
+        return [f"OOM kill → Events callback: skipped ({ev['skipped']})", ""]
+    out = ["**OOM kill in our cgroup → Events callback** (from the child's last allocation: "
+           "includes the kernel's reclaim and kill)", "",
+           f"mechanism: {ev['mechanism']}; trials without an event: {ev['missed']}", "",
+           "| what | trials | p50 | p99 | max |", "|---|---|---|---|---|"]
+    for key, label in (("first_event", "first event delivered"),
+                       ("oom_kill_event", "`oom_kill` event delivered"),
+                       ("floor", "floor: bare thread on the kernel's notification, no cgwatch")):
+        s = ev.get(key)
+        if s:
+            out.append(f"| {label} | {s['trials']} | {s['p50_ms']:.2f} ms | {s['p99_ms']:.2f} ms "
+                       f"| {s['max_ms']:.2f} ms |")
+    return out + [""]
+
+
 def misc_lines(results: dict[str, Any]) -> list[str]:
     out = []
     idle = results.get("idle")
@@ -157,6 +174,8 @@ def render(results: dict[str, Any]) -> str:
     lines += call_tables(results["calls"])
     if results.get("latency"):
         lines += latency_table(results["latency"])
+    if results.get("events_latency"):
+        lines += events_table(results["events_latency"])
     lines += misc_lines(results)
     lines += target_table(results["targets"])
     return "\n".join(lines)

@@ -4,9 +4,10 @@
 
 Sections, in order: call cost where the process started (with the module functions), call
 cost in cgroups made below our own at depth 1, 3 and 10 with the deepest level limited or all
-limited (the process moves itself into the deepest one and back), limit-write latency, monitor
-start-up, import time and RSS in fresh interpreters, and the idle cost of the thread (not with
---quick). Missed targets print MISS; the exit status is non-zero only if the bench crashes.
+limited (the process moves itself into the deepest one and back), limit-write latency, OOM
+kill -> Events callback latency, monitor start-up, import time and RSS in fresh interpreters,
+and the idle cost of the thread (not with --quick). Missed targets print MISS; the exit
+status is non-zero only if the bench crashes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cgwatch
-from bench import calls, cgroups, idle, latency, report
+from bench import calls, cgroups, events_latency, idle, latency, report
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,12 @@ class Plan:
     rss_repeat: int
     idle_seconds: float
     floor: bool  # also measure the latency floor of a bare Python thread
+    event_trials: int  # OOM kills for the Events latency
 
 
 FULL = Plan(61, 0.01, ((1, "leaf"), (3, "leaf"), (10, "leaf"), (3, "all"), (10, "all")),
-            300, 30, 5, 60.0, True)
-QUICK = Plan(9, 0.005, ((1, "leaf"), (10, "leaf"), (10, "all")), 60, 10, 2, 0.0, False)
+            300, 30, 5, 60.0, True, 200)
+QUICK = Plan(9, 0.005, ((1, "leaf"), (10, "leaf"), (10, "all")), 60, 10, 2, 0.0, False, 20)
 
 
 def progress(message: str) -> None:
@@ -99,6 +101,12 @@ def cgroup_sections(plan: Plan, results: dict[str, Any]) -> None:
             progress(f"limit-write latency floor: a bare Python thread, {plan.trials} trials")
             results["latency"]["spin, floor: bare Python thread, no cgwatch"] = \
                 latency.summarize(latency.bare_thread_seconds(nest, limit, plan.trials))
+        why = events_latency.available()
+        if why:
+            results["events_latency"] = {"skipped": why}
+        else:
+            progress(f"OOM kill -> Events callback, {plan.event_trials} trials")
+            results["events_latency"] = events_latency.oom_latency(nest, plan.event_trials)
 
 
 def measure(plan: Plan, argv: list[str]) -> dict[str, Any]:
