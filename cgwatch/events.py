@@ -175,7 +175,7 @@ _all_events: weakref.WeakSet[Events] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     for events in list(_all_events):
-        events._closed = True  # no thread here; the parent's keeps the registrations
+        events._forget_thread_after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -350,6 +350,12 @@ class Events:
     def __enter__(self) -> Events:
         return self
 
+    def _forget_thread_after_fork(self) -> None:
+        """In a fork child: no thread, and the parent's thread may have held our locks."""
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = True  # the parent keeps the registrations; the child's copy is closed
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -389,32 +395,36 @@ class Events:
     # ---- the thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-                watched = self._poll_fds()
-                timeout = self._timeout(time.monotonic())
-                wake_r = self._wake_r
-            poller = select.poll()
-            poller.register(wake_r, select.POLLIN)
-            for fd, (what, _) in watched.items():
-                poller.register(fd, select.POLLPRI if what == "psi" else select.POLLIN)
+        while not self._closed:
             try:
-                ready = poller.poll(None if timeout is None else timeout * 1000)
-            except OSError:
-                ready = []
-            items: list[Item] = []
-            try:
-                with self._lock:
-                    if self._closed:
-                        return
-                    self._handle_ready(ready, watched)
-                    items = self._step(time.monotonic())
+                items = self._turn()
             except Exception:  # noqa: BLE001 - the thread must outlive any one bad reading
                 log.exception("cgwatch: events thread error (continuing)")
                 time.sleep(0.1)
+                continue
             self._deliver(items)
+
+    def _turn(self) -> list[Item]:
+        """Block until something is due or ready, then read and check: what to deliver."""
+        with self._lock:
+            if self._closed:
+                return []
+            watched = self._poll_fds()
+            timeout = self._timeout(time.monotonic())
+            wake_r = self._wake_r
+        poller = select.poll()
+        poller.register(wake_r, select.POLLIN)
+        for fd, (what, _) in watched.items():
+            poller.register(fd, select.POLLPRI if what == "psi" else select.POLLIN)
+        try:
+            ready = poller.poll(None if timeout is None else timeout * 1000)
+        except OSError:
+            ready = []
+        with self._lock:
+            if self._closed:
+                return []
+            self._handle_ready(ready, watched)
+            return self._step(time.monotonic())
 
     def _poll_fds(self) -> dict[int, tuple[str, _Level]]:
         fds: dict[int, tuple[str, _Level]] = {}

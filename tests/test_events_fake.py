@@ -296,3 +296,28 @@ def test_eventfd(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
         assert notify.drain_eventfd(fd) == 0
     finally:
         os.close(fd)
+
+
+def test_default_monitor_is_used() -> None:
+    import cgwatch
+
+    with cgwatch.Events(log=False) as events:
+        assert events.monitor is cgwatch.default_monitor()
+        assert set(events.mechanisms()) == {"events", "alerts"}
+
+
+def test_fork_child_gets_a_closed_copy(tree: Tree, opened: list[Any]) -> None:
+    import os
+
+    events = start(opened, tree)
+    pid = os.fork()
+    if pid == 0:  # the child: no thread here, so the copy must say it is closed
+        ok = events.get(timeout=0.01) is None and events._closed
+        try:
+            events.close()
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    tree.set("/a/b/c", oom_kill=1)  # the parent's copy still works
+    assert wait_for(events, is_event("oom_kill")).new == 1
