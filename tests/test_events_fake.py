@@ -298,11 +298,16 @@ def test_eventfd(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
         os.close(fd)
 
 
-def test_default_monitor_is_used() -> None:
+def test_default_monitor_is_used(tree: Tree, opened: list[Any],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import cgwatch
 
+    # A fake-tree monitor in the default's place: a real default would outlive the test.
+    monitor = Monitor(tree.host.root)
+    opened.append(monitor)
+    monkeypatch.setattr(cgwatch, "_default", monitor)
     with cgwatch.Events(log=False) as events:
-        assert events.monitor is cgwatch.default_monitor()
+        assert events.monitor is monitor
         assert set(events.mechanisms()) == {"events", "alerts"}
 
 
