@@ -83,7 +83,31 @@ def register_v1(directory: str, control_file: str, argument: str = "") -> int:
 
 def psi_trigger(directory: str, trigger: str) -> int:
     """A descriptor on v2 `memory.pressure` that gets POLLPRI when the trigger fires, e.g.
-    `some 100000 1000000`: tasks of the cgroup stalled on memory for 100 ms within 1 s."""
+    `some 100000 1000000`: tasks of the cgroup stalled on memory for 100 ms within 1 s.
+
+    Without CAP_SYS_RESOURCE the kernel (6.5+) accepts only windows that are whole multiples
+    of 2 s: on EPERM the same stall share is tried again over such a window."""
+    try:
+        return _psi_trigger(directory, trigger)
+    except PermissionError:
+        wider = unprivileged_trigger(trigger)
+        if wider is None or wider == trigger:
+            raise
+        return _psi_trigger(directory, wider)
+
+
+def unprivileged_trigger(trigger: str) -> Optional[str]:
+    """`some 100000 1000000` -> `some 200000 2000000`: the window rounded up to a multiple of
+    2 s, the stall threshold scaled with it. None for text that is not a trigger."""
+    parts = trigger.split()
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[2]) == 0:
+        return None
+    stall, window = int(parts[1]), int(parts[2])
+    wide = -(-window // 2_000_000) * 2_000_000
+    return f"{parts[0]} {stall * wide // window} {wide}"
+
+
+def _psi_trigger(directory: str, trigger: str) -> int:
     fd = os.open(os.path.join(directory, "memory.pressure"),
                  os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
     try:

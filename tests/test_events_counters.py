@@ -7,7 +7,7 @@ from typing import Optional
 
 import pytest
 
-from cgwatch import counters
+from cgwatch import counters, notify
 from cgwatch.alerts import Threshold, crossing, usage_thresholds
 from cgwatch.eventlog import RateLimiter, limit_text
 
@@ -179,3 +179,14 @@ def test_rate_limiter_holds_back_and_counts() -> None:
 def test_limit_text(limit: Optional[int], path_limit: Optional[tuple[int, str]],
                     expected: str) -> None:
     assert limit_text(limit, path_limit) == expected
+
+
+@pytest.mark.parametrize("trigger, expected", [
+    ("some 100000 1000000", "some 200000 2000000"),
+    ("full 150000 2000000", "full 150000 2000000"),
+    ("some 500000 3000000", "some 666666 4000000"),
+    ("some 100000", None),
+    ("some x 1000000", None),
+])
+def test_unprivileged_psi_trigger(trigger: str, expected: Optional[str]) -> None:
+    assert notify.unprivileged_trigger(trigger) == expected
