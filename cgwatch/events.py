@@ -342,10 +342,16 @@ class Events:
             for lvl in self._levels:
                 lvl.close()
             self._levels = []
-            levels.close_quietly(self._wake_r, self._wake_w)
-            self._wake_r = self._wake_w = -1
         with self._cond:
             self._cond.notify_all()
+        # The wake pipe stays open until the object is collected: the monitor's thread may be
+        # calling a hook of ours right now, and must not write into a reused descriptor.
+
+    def __del__(self) -> None:
+        try:
+            levels.close_quietly(self._wake_r, self._wake_w)
+        except AttributeError:
+            pass  # __init__ did not get that far
 
     def __enter__(self) -> Events:
         return self
