@@ -62,19 +62,17 @@ def _subcommand(name: str, argv: list[str]) -> int:
     """`cgwatch watch ...` / `cgwatch run -- CMD ...` (watch.py, run.py)."""
     from . import run, watch  # only these commands need the events layer
 
-    if name == "watch":
-        parser = argparse.ArgumentParser(
-            prog="cgwatch watch",
-            description="Print the headroom now, then one line per memory event (OOM kills, "
-                        "limit hits, ...) and per --below crossing, until Ctrl-C.")
-        watch.add_arguments(parser)
-        return watch.run_watch(parser.parse_args(argv))
-    parser = argparse.ArgumentParser(
-        prog="cgwatch run",
-        description="Run CMD in this cgroup; exit with its status; if the OOM killer struck "
-                    "meanwhile, say which cgroup's limit was reached and what to do.")
-    run.add_arguments(parser)
-    return run.run_command(parser.parse_args(argv))
+    description, add_arguments, handler = {
+        "watch": ("Print the headroom now, then one line per memory event (OOM kills, limit "
+                  "hits, ...) and per --below crossing, until Ctrl-C.",
+                  watch.add_arguments, watch.run_watch),
+        "run": ("Run CMD in this cgroup; exit with its status; if the OOM killer struck "
+                "meanwhile, say which cgroup's limit was reached and what to do.",
+                run.add_arguments, run.run_command),
+    }[name]
+    parser = argparse.ArgumentParser(prog=f"cgwatch {name}", description=description)
+    add_arguments(parser)
+    return handler(parser.parse_args(argv))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
