@@ -60,6 +60,7 @@ def nest(depth: int, limited: str, limit: int = 4 * GiB) -> Iterator[Nest]:
     res, why = cgroup_helpers.own_memory_cgroup()
     if res is None:
         raise RuntimeError(why)
+    cgroup_helpers.enable_memory_for_children(res.directory, res.version)  # v2 root (the VM)
     tree = cgroup_helpers.Tree(res.directory, res.version)
     path = f"cgwatch-bench-{uuid.uuid4().hex[:8]}"
     dirs = []
@@ -90,6 +91,12 @@ def _member_of_any(dirs: list[str]) -> bool:
 @contextmanager
 def inside(n: Nest) -> Iterator[None]:
     """Run the block with this process in the deepest cgroup of `n`, then move back."""
+    if n.version == 2:
+        # v2: a cgroup that hands controllers to children may not hold processes.
+        try:
+            cgroup_helpers.write(os.path.join(n.leaf, "cgroup.subtree_control"), "-memory")
+        except OSError:
+            pass
     move_self(n.leaf)
     try:
         yield
