@@ -14,7 +14,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -24,6 +24,7 @@ from .levels import READ_SIZE, Level
 from .watcher import Change, Target, TargetGone, Watcher, WatchUnavailable
 
 log = logging.getLogger("cgwatch")
+_pread = os.pread  # a module global: one lookup less per read on the hot path
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
 POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
@@ -63,11 +64,16 @@ class LevelInfo:
         return dict(self.__dict__)
 
 
+# (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
+_LimitedLevel = tuple[Optional[int], int, int, int, bytes]
+
+
 @dataclass(frozen=True)
 class _Snapshot:
     total: int
-    # (limit, usage fd, stat fd, memory.stat key) of each limited level: all the hot path needs
-    limited: tuple[tuple[int, int, int, bytes], ...]
+    # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
+    # hot path needs (None: "usage not read yet", see available_memory)
+    limited: tuple[_LimitedLevel, ...]
     levels: tuple[Level, ...]
     host: HostMemory
     status: Status
@@ -124,6 +130,7 @@ class Monitor:
         self._thread: Optional[threading.Thread] = None
         self._wake_r, self._wake_w = -1, -1
         self._pid = os.getpid()
+        self._limit_fds: dict[str, int] = {}  # directory -> its limit file, kept by the thread
         self._change_hooks: list[Callable[[list[Change]], None]] = []
         self._reload_hooks: list[Callable[[], None]] = []
         self._target_hooks: list[Callable[[], list[Target]]] = []
@@ -148,10 +155,35 @@ class Monitor:
             snap = self._fresh_snapshot(snap)
         try:
             best = -1
-            for limit, usage_fd, stat_fd, key in snap.limited:
-                usage = int(os.pread(usage_fd, 64, 0))
-                inactive = values.find_stat_value(os.pread(stat_fd, READ_SIZE, 0), key)
-                room = headroom(limit, usage, inactive)
+            order: Sequence[_LimitedLevel] = snap.limited
+            if len(order) > 1:
+                # limit - usage is a lower bound on a level's headroom (inactive_file >= 0), and
+                # costs one small read instead of memory.stat. Visit levels from the lowest
+                # bound up and stop at the first whose bound is already >= the best headroom
+                # found: that level, and every one after it, cannot lower the minimum.
+                order = sorted([(lim - int(_pread(ufd, 64, 0)), lim, ufd, sfd, key)
+                                for _, lim, ufd, sfd, key in order])
+            for bound, limit, usage_fd, stat_fd, key in order:
+                if bound is None:
+                    usage = int(_pread(usage_fd, 64, 0))
+                elif best >= 0 and bound >= best:
+                    break
+                else:
+                    usage = limit - bound
+                # Inlined values.find_stat_value (this loop is the hot path): `key` is
+                # b"\n<name> ", so a match is a whole key at a line start; int() rejects
+                # anything but a number. Not found (first line, or missing): the full parser
+                # decides, and raises if it is really missing.
+                data = _pread(stat_fd, READ_SIZE, 0)
+                start = data.find(key)
+                if start < 0:
+                    inactive = values.find_stat_value(data, key[1:-1])
+                else:
+                    start += len(key)
+                    end = data.find(b"\n", start)
+                    inactive = int(data[start:end] if end >= 0 else data[start:])
+                working_set = usage - inactive
+                room = limit - working_set if working_set > 0 else limit
                 if room < 0:
                     room = 0  # over the limit (v1 lets usage overshoot briefly); -1 means "none"
                 if best < 0 or room < best:
@@ -231,6 +263,7 @@ class Monitor:
             thread.join(timeout=5)
         with self._lock:
             self._stop_watching()
+            self._close_limit_fds()
             # The thread closes the read end of the wake pipe as it exits; the write end is ours.
             if self._wake_w >= 0:
                 os.close(self._wake_w)
@@ -255,6 +288,10 @@ class Monitor:
                 os.close(self._wake_w)
         except (OSError, AttributeError):
             pass
+        try:
+            self._close_limit_fds()
+        except AttributeError:
+            pass  # __init__ did not get that far
 
     # ---- hooks for the events layer ------------------------------------------------------
 
@@ -307,8 +344,9 @@ class Monitor:
 
     def _publishable(self, res: discovery.Resolved, lvls: tuple[Level, ...],
                      host: HostMemory) -> _Snapshot:
-        key = levels.FileNames.for_version(res.version).inactive_key
-        limited = tuple((lvl.limit, lvl.kept.usage_fd, lvl.kept.stat_fd, key)
+        # The hot path searches memory.stat for the whole line start "\n<key> ".
+        key = b"\n" + levels.FileNames.for_version(res.version).inactive_key + b" "
+        limited = tuple((None, lvl.limit, lvl.kept.usage_fd, lvl.kept.stat_fd, key)
                         for lvl in lvls if lvl.limit is not None and lvl.kept is not None)
         total = min([host.total] + [lvl.limit for lvl in lvls if lvl.limit is not None])
         problems = [lvl.problem for lvl in lvls if lvl.problem]
@@ -329,6 +367,7 @@ class Monitor:
         """Resolve everything again (the process moved, a cgroup vanished, a fork)."""
         with self._lock:
             log.debug("cgwatch: re-resolving (%s)", why)
+            self._close_limit_fds()
             for _ in range(_RESOLVE_ATTEMPTS):
                 self._snap = self._build_snapshot(why, self._snap)
                 if self._watch_and_verify():
@@ -338,6 +377,44 @@ class Monitor:
                 self._fall_back_to_polling(f"cgroup tree kept changing ({why})")
             for hook in self._reload_hooks:
                 hook()
+
+    def _reload_changed_limits(self, targets: list[Target]) -> None:
+        """Re-read only the limit files that raised an event, each with one pread(2) through a
+        descriptor kept for it, and publish. Few syscalls matter on this path: each lets the
+        GIL go, and a busy Python thread can keep it for a whole switch interval (5 ms) before
+        this thread gets it back, all while total_memory() still answers the old limit.
+        Anything unusual (unreadable, a level that becomes limited and has no usage
+        descriptors yet) takes the full re-read."""
+        with self._lock:
+            snap = self._snap
+            res = snap.resolution
+            if not isinstance(res, discovery.Resolved):
+                return
+            lvls = list(snap.levels)
+            for target in targets:
+                index = target.level_index
+                if not (0 <= index < len(lvls)
+                        and os.path.dirname(target.path) == lvls[index].directory):
+                    self._reload_limits()  # the levels changed under the watch: re-read all
+                    return
+                lvl = lvls[index]
+                try:
+                    fd = self._limit_fds.get(lvl.directory)
+                    if fd is None:
+                        fd = os.open(target.path, os.O_RDONLY | os.O_CLOEXEC)
+                        self._limit_fds[lvl.directory] = fd
+                    limit = values.parse_limit(os.pread(fd, 64, 0), res.version)
+                except (OSError, ValueError):
+                    limit = -1
+                if limit == -1 or (limit is not None and lvl.kept is None) or lvl.problem:
+                    self._reload_limits()
+                    return
+                lvls[index] = replace(lvl, limit=limit)
+            self._snap = self._publishable(res, tuple(lvls), snap.host)
+
+    def _close_limit_fds(self) -> None:
+        fds, self._limit_fds = self._limit_fds, {}
+        levels.close_quietly(*fds.values())
 
     def _reload_limits(self) -> None:
         """Re-read the limits of the levels already known (a limit file changed)."""
@@ -503,7 +580,7 @@ class Monitor:
         if rebuild or removed:
             self._reload("a watched cgroup was removed or the event queue overflowed")
         elif any(c.target.kind == "limit" for c in changes):
-            self._reload_limits()
+            self._reload_changed_limits([c.target for c in changes if c.target.kind == "limit"])
         for hook in self._change_hooks:
             hook(changes)
 

@@ -6,7 +6,9 @@ reached, EMFILE when the instance limit is) become one exception carrying a read
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -61,8 +63,15 @@ class Watcher:
     def __init__(self) -> None:
         if inotify_simple is None:
             raise WatchUnavailable("inotify is not available on this platform")
+        if getattr(inotify_simple, "_libc", 0) is None:
+            # inotify_simple finds libc with ctypes.util.find_library("c"), which runs
+            # `ldconfig -p` in a subprocess (~1.5 ms, and a fork+exec from inside a library) on
+            # the first INotify(). The C library's symbols are already in this process.
+            inotify_simple._libc = ctypes.CDLL(None, use_errno=True)
         try:
             self._inotify = inotify_simple.INotify()
+            # Non-blocking: read() is one os.read(2), after poll(2) said the fd is readable.
+            os.set_blocking(self._inotify.fileno(), False)
         except OSError as e:
             raise WatchUnavailable(_describe(e, "creating an instance")) from e
         self._targets: dict[int, Target] = {}
@@ -96,7 +105,15 @@ class Watcher:
         event queue overflowed, so something may have been missed)."""
         changes = []
         rebuild = False
-        for event in self._inotify.read(timeout=0):
+        # One read(2) (inotify_simple's read() adds an ioctl(FIONREAD)): every syscall on the
+        # monitor thread lets the GIL go, and a busy Python thread may keep it for a whole
+        # switch interval (5 ms) before the monitor gets it back. What does not fit in the
+        # buffer stays queued and makes the fd readable again.
+        try:
+            data = os.read(self._inotify.fileno(), 65536)
+        except BlockingIOError:
+            data = b""
+        for event in inotify_simple.parse_events(data):
             if event.mask & FLAGS.Q_OVERFLOW:
                 rebuild = True
                 continue
