@@ -472,7 +472,9 @@ class Events:
             if what == "oom" and lvl.oom_efd == fd:
                 self._notes[lvl.directory] = (self._notes.get(lvl.directory, 0)
                                               + notify.drain_eventfd(fd))
-                # The kernel notifies before it kills: read again while the kill lands.
+                # Scan now, so the `oom` event goes out at once; the kernel notifies before it
+                # kills, so read again while the kill lands.
+                self._scan_requested = True
                 self._rescans = sorted(self._rescans + [now + d for d in _OOM_RESCANS])
                 self._check_requested = True
             elif what == "threshold" and fd in lvl.threshold_efds:
