@@ -68,10 +68,14 @@ class HostMemory:
             self._free_bytes = _sysinfo_free_bytes
         try:
             text = read_file(under_root(self.root, "/proc/zoneinfo"))
-            # Doubled: the kernel's totalreserve_pages is recomputed only on some watermark
-            # changes, so after vm.min_free_kbytes is lowered it can exceed what zoneinfo shows.
-            # The margin costs nothing in practice (cgroup headroom is rarely that close to the
-            # host's free memory) and keeps the bound safe for any such change up to half.
+            # Doubled, for the time until the next refresh: the kernel recomputes
+            # totalreserve_pages on every watermark change (__setup_per_zone_wmarks() and
+            # setup_per_zone_lowmem_reserve() call calculate_totalreserve_pages()), so it can
+            # only move above this reading when vm.min_free_kbytes, watermark_scale_factor or
+            # lowmem_reserve_ratio is raised after it (hot-added memory adds more free pages
+            # than reserve). Twice the reserve covers a rise up to 2x until the slow timer
+            # reads it again; a larger jump leaves the bound unsafe for up to one
+            # migration_interval.
             self.reserve_bound = 2 * values.parse_zoneinfo_reserve_bound(text) * _PAGE_SIZE
         except (OSError, ValueError):
             self.reserve_bound = -1
