@@ -14,7 +14,7 @@ import select
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -134,7 +134,7 @@ class Monitor:
         self._change_hooks: list[Callable[[list[Change]], None]] = []
         self._reload_hooks: list[Callable[[], None]] = []
         self._target_hooks: list[Callable[[], list[Target]]] = []
-        self._snap: _Snapshot = self._build_snapshot("start", previous=None)
+        self._snap: _Snapshot = self._build_snapshot(previous=None)
         _monitors.add(self)
         self._arm()
 
@@ -325,7 +325,7 @@ class Monitor:
             self._reported.add(reason)
             log.warning("cgwatch: %s", reason)
 
-    def _build_snapshot(self, why: str, previous: Optional[_Snapshot]) -> _Snapshot:
+    def _build_snapshot(self, previous: Optional[_Snapshot]) -> _Snapshot:
         resolution, self._proc_cgroup_text = levels.resolve_process(self.root)
         host = previous.host if previous is not None else HostMemory(self.root)
         if host.reason:
@@ -369,7 +369,7 @@ class Monitor:
             log.debug("cgwatch: re-resolving (%s)", why)
             self._close_limit_fds()
             for _ in range(_RESOLVE_ATTEMPTS):
-                self._snap = self._build_snapshot(why, self._snap)
+                self._snap = self._build_snapshot(self._snap)
                 if self._watch_and_verify():
                     break
                 why = "the cgroup tree changed while it was being watched"
@@ -641,7 +641,7 @@ class Monitor:
             if self._pid == os.getpid():
                 return
             self._pid = os.getpid()
-            self._snap = self._build_snapshot("fork", self._snap)
+            self._snap = self._build_snapshot(self._snap)
             if not self._closed:
                 self._arm()
 
@@ -696,7 +696,3 @@ def _run_thread(ref: weakref.ref[Monitor], wake_r: int) -> None:
     finally:
         levels.close_quietly(wake_r)
 
-
-def iter_monitors() -> Iterator[Monitor]:
-    """Live monitors of this process (for diagnostics)."""
-    return iter(list(_monitors))

@@ -76,19 +76,6 @@ def find_stat_value(data: bytes, key: bytes) -> int:
     return int(field)
 
 
-def parse_meminfo(data: Text) -> dict[str, int]:
-    """/proc/meminfo as bytes per field (`MemTotal:  123 kB` -> 123 * 1024)."""
-    result = {}
-    for line in _as_str(data).splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if not parts or not parts[0].isdigit():
-            continue
-        scale = 1024 if len(parts) > 1 and parts[1] == "kB" else 1
-        result[key.strip()] = int(parts[0]) * scale
-    return result
-
-
 def find_meminfo_value(data: bytes, key: bytes) -> int:
     """One meminfo field in bytes, found directly (hot path for MemAvailable)."""
     start = data.find(key + b":")
