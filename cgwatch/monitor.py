@@ -525,16 +525,17 @@ class Monitor:
     def _arm(self) -> None:
         """Start watching (if possible) and the background thread."""
         with self._lock:
+            # Both paths publish a snapshot that reflects the watcher's state.
             if not self._watch_and_verify():
                 self._reload("the cgroup tree changed while it was being watched")
-            snap = self._snap
-            if isinstance(snap.resolution, discovery.Resolved):
-                self._snap = self._publishable(snap.resolution, snap.levels, snap.host)
             self._wake_r, self._wake_w = os.pipe()
             for fd in (self._wake_r, self._wake_w):
                 os.set_inheritable(fd, False)
+            # The first migration check is one interval away: everything was just resolved.
+            first_check = time.monotonic() + self.migration_interval
             self._thread = threading.Thread(target=_run_thread, args=(weakref.ref(self),
-                                            self._wake_r), name="cgwatch", daemon=True)
+                                            self._wake_r, first_check), name="cgwatch",
+                                            daemon=True)
             self._thread.start()
 
     def _wake(self) -> None:
@@ -669,7 +670,7 @@ class Monitor:
                 return snap.total
 
 
-def _run_thread(ref: weakref.ref[Monitor], wake_r: int) -> None:
+def _run_thread(ref: weakref.ref[Monitor], wake_r: int, first_check: float) -> None:
     """The background thread: block on inotify and the wake pipe, with the slow timer.
 
     It keeps only a weak reference to its monitor while blocked, so a monitor that is dropped
@@ -677,7 +678,7 @@ def _run_thread(ref: weakref.ref[Monitor], wake_r: int) -> None:
     """
     poller = select.poll()
     poller.register(wake_r, select.POLLIN)
-    state: dict[str, Any] = {"next_check": time.monotonic()}
+    state: dict[str, Any] = {"next_check": first_check}
     try:
         while True:
             monitor = ref()
