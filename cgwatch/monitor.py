@@ -182,8 +182,7 @@ class Monitor:
                     start += len(key)
                     end = data.find(b"\n", start)
                     inactive = int(data[start:end] if end >= 0 else data[start:])
-                working_set = usage - inactive
-                room = limit - working_set if working_set > 0 else limit
+                room = headroom(limit, usage, inactive)
                 if room < 0:
                     room = 0  # over the limit (v1 lets usage overshoot briefly); -1 means "none"
                 if best < 0 or room < best:
