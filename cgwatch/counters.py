@@ -70,7 +70,26 @@ def propagated(deltas: Sequence[int]) -> list[bool]:
     larger than the level below's has a share of its own (from itself or another child),
     so it is not propagated.
     """
-    return [i > 0 and 0 < delta <= deltas[i - 1] for i, delta in enumerate(deltas)]
+    return propagated_across_scans(deltas, [0] * len(deltas))[0]
+
+
+def propagated_across_scans(deltas: Sequence[int],
+                            carried: Sequence[int]) -> tuple[list[bool], list[int]]:
+    """`propagated` for a scan that may fall between the kernel's increments.
+
+    The kernel raises a hierarchical counter level by level, leaf first, so a scan can see a
+    level's rise before its ancestors' (one scan) and the ancestors' in the next. `carried[i]`
+    is what level i-1 rose by earlier and level i has not yet shown. Returns the flags and the
+    new carry: a rise at level i is propagated if the rises from below (this scan's and the
+    carried ones) cover it; what they cover is used up, the rest carries on.
+    """
+    flags = []
+    carry = []
+    for i, delta in enumerate(deltas):
+        from_below = (carried[i] if i < len(carried) else 0) + (deltas[i - 1] if i else 0)
+        flags.append(i > 0 and 0 < delta <= from_below)
+        carry.append(from_below - min(delta, from_below))
+    return flags, carry
 
 
 def attribute_notifications(counts: Sequence[Optional[int]]) -> list[int]:

@@ -57,6 +57,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cgwatch")
 
+# How long a lower level's rise may wait to show at its parent (the kernel raises them
+# microseconds apart; scans are milliseconds apart). Past it, a parent's rise is its own: on a
+# `memory_localevents` mount the parent never shows it.
+_CARRY_SECONDS = 1.0
+
 # After a v1 OOM notification: when to read the counters again (seconds after it).
 _OOM_RESCANS = (0.002, 0.02, 0.1, 0.5)
 DEFAULT_PSI_TRIGGER = "some 100000 1000000"
@@ -231,6 +236,8 @@ class Events:
         self._seen_snap: object = None
         self._last: dict[tuple[str, str], dict[str, int]] = {}
         self._local_seen: dict[tuple[str, str], int] = {}
+        # v2: per counter, rises of lower levels not yet seen at the level above, and since when
+        self._carry: dict[str, tuple[list[int], float]] = {}
         self._oom_own: dict[str, int] = {}
         self._notes: dict[str, int] = {}  # v1 OOM notifications drained but not yet scanned
         self._problems: dict[str, str] = {}  # mechanism -> why it is not in use
@@ -651,7 +658,17 @@ class Events:
             for index, source, counter, old, new in rose:
                 if source == counters.EVENTS:
                     deltas.setdefault(counter, [0] * len(self._levels))[index] = new - old
-            propagated = {c: counters.propagated(d) for c, d in deltas.items()}
+            # The kernel raises a counter level by level, so one kill can be split over two
+            # scans: what a lower level rose by is carried to the next scan for a while.
+            for counter in set(deltas) | set(self._carry):
+                carried, since = self._carry.pop(counter, ([], now))
+                if now - since > _CARRY_SECONDS or len(carried) != len(self._levels):
+                    carried = []
+                marks, carry = counters.propagated_across_scans(
+                    deltas.get(counter, [0] * len(self._levels)), carried)
+                propagated[counter] = marks
+                if any(carry):
+                    self._carry[counter] = (carry, since if carried else now)
         usages: dict[int, Optional[int]] = {}
         found = []
         for index, source, counter, old, new in rose:

@@ -73,6 +73,19 @@ def test_propagated(deltas: list[int], expected: list[bool]) -> None:
     assert counters.propagated(deltas) == expected
 
 
+def test_propagation_split_over_two_scans() -> None:
+    # Seen in the v2 VM: a scan read the leaf's oom_kill after the kernel raised it and the
+    # parent's before; the parent's rise arrives alone in the next scan and is still the same
+    # kill, not one of the parent's own.
+    flags, carry = counters.propagated_across_scans([1, 1, 0], [0, 0, 0])
+    assert flags == [False, True, False] and carry == [0, 0, 1]
+    flags, carry = counters.propagated_across_scans([0, 0, 1], carry)
+    assert flags == [False, False, True] and carry == [0, 0, 0]
+    # A later rise with nothing carried is the parent's own again.
+    flags, _ = counters.propagated_across_scans([0, 0, 1], carry)
+    assert flags == [False, False, False]
+
+
 @pytest.mark.parametrize("counts, expected", [
     # registered at levels 1 and 3; an OOM at 3 notifies 1 too
     ([None, 1, None, 1], [0, 0, 0, 1]),

@@ -146,6 +146,21 @@ def test_v2_rise_echoed_by_ancestors_is_marked_propagated(tmp_path: Any,
         ("/a", 1, 2, False)
 
 
+def test_v2_rise_split_over_two_scans_is_still_propagated(tmp_path: Any,
+                                                          opened: list[Any]) -> None:
+    # The kernel raises c, then b, then a; a scan can fall in between (seen in the v2 VM).
+    tree = Tree(str(tmp_path), 2)
+    events = start_quiet(opened, tree)
+    tree.set("/a/b/c", local={"oom_kill": 1}, oom_kill=1)
+    tree.set("/a/b", oom_kill=1)
+    first = [(e.cgroup_path, e.propagated) for e in events.scan_now() if isinstance(e, Event)]
+    assert first == [("/a/b/c", False), ("/a/b", True)]
+    tree.set("/a", oom_kill=1)
+    (late,) = events.scan_now()
+    assert isinstance(late, Event)
+    assert (late.cgroup_path, late.propagated) == ("/a", True)
+
+
 def test_v1_counters_are_polled(tmp_path: Any, opened: list[Any]) -> None:
     tree = Tree(str(tmp_path), 1)
     events = start(opened, tree)
