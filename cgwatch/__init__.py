@@ -17,10 +17,11 @@ from .monitor import HOST, POLLING, WATCHING, LevelInfo, Monitor, Status
 
 if TYPE_CHECKING:
     from .alerts import HeadroomAlert, Threshold
-    from .events import Event, Events
+    from .event import Event
+    from .events import Events
 
 # The events layer loads on first use, so `import cgwatch` stays as cheap as the queries.
-_LAZY = {"Event": "events", "Events": "events", "HeadroomAlert": "alerts",
+_LAZY = {"Event": "event", "Events": "events", "HeadroomAlert": "alerts",
          "Threshold": "alerts"}
 
 __all__ = [

@@ -21,12 +21,9 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 from . import values
+from .names import EVENT_CONTROL, FAILCNT, FileNames
 
-EVENTS = "memory.events"
-EVENTS_LOCAL = "memory.events.local"
-OOM_CONTROL = "memory.oom_control"
-FAILCNT = "memory.failcnt"
-EVENTFD = "cgroup.event_control"  # source name of the v1 `oom` counter (notification count)
+EVENTFD = EVENT_CONTROL  # source name of the v1 `oom` counter (notification count)
 
 # A setting, not a counter: reporting its changes as events would be wrong.
 _NOT_COUNTERS = frozenset({"oom_kill_disable"})
@@ -34,7 +31,7 @@ _NOT_COUNTERS = frozenset({"oom_kill_disable"})
 
 def counter_files(version: int) -> tuple[str, ...]:
     """The files read for counters at each level, in reading order."""
-    return (EVENTS, EVENTS_LOCAL) if version == 2 else (OOM_CONTROL, FAILCNT)
+    return FileNames.for_version(version).counters
 
 
 def parse_counters(source: str, text: values.Text) -> dict[str, int]:

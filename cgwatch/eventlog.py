@@ -15,37 +15,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 from . import counters
 from .alerts import HeadroomAlert
-from .units import human_bytes
-
-if TYPE_CHECKING:
-    from .events import Event
+from .event import Event, event_message
 
 log = logging.getLogger("cgwatch")
 
 _LEVELS = {"error": logging.ERROR, "warning": logging.WARNING, "info": logging.INFO}
 _NEVER_HELD = frozenset({"oom_kill", "oom_group_kill"})
-
-
-def limit_text(limit: Optional[int], path_limit: Optional[tuple[int, str]]) -> str:
-    """`64.0 MiB`, or for a level without a limit the one that binds on the path."""
-    if limit is not None:
-        return human_bytes(limit)
-    if path_limit is not None:
-        return f"none here; {human_bytes(path_limit[0])} at {path_limit[1]}"
-    return "none here"
-
-
-def event_message(event: Event, path_limit: Optional[tuple[int, str]] = None,
-                  folded: int = 0) -> str:
-    """One line about an event; `folded` rises were held back since the last such line."""
-    extra = f", {folded} more rises since the last report" if folded else ""
-    return (f"cgroup {event.cgroup_path}: {counters.describe(event.counter)} "
-            f"({event.counter} {event.old} -> {event.new}{extra}; limit "
-            f"{limit_text(event.limit, path_limit)}, usage {human_bytes(event.usage)})")
 
 
 class RateLimiter:

@@ -43,13 +43,15 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from . import counters, discovery, levels, notify, values
+from . import counters, discovery, names, notify, values
 from .alerts import HeadroomAlert, Threshold, crossing, usage_thresholds
-from .eventlog import EventLog, event_message
+from .event import Event
+from .eventlog import EventLog
+from .files import close_quietly, read_fd
 from .monitor import WATCHING
+from .names import FileNames
 from .watcher import Change, Target
 
 if TYPE_CHECKING:
@@ -65,43 +67,6 @@ _CARRY_SECONDS = 1.0
 # After a v1 OOM notification: when to read the counters again (seconds after it).
 _OOM_RESCANS = (0.002, 0.02, 0.1, 0.5)
 DEFAULT_PSI_TRIGGER = "some 100000 1000000"
-
-
-@dataclass(frozen=True)
-class Event:
-    """A memory counter rose at one level of the path."""
-
-    cgroup_path: str  # the level's path inside the hierarchy
-    directory: str  # where its files are
-    level: int  # 0 = the process's own cgroup, 1 = its parent, ...
-    counter: str  # "oom_kill", "max", "failcnt", ... (counters.py)
-    old: int
-    new: int
-    limit: Optional[int]  # the level's hard limit (None: none), and its usage, when seen
-    usage: Optional[int]
-    time: float  # time.monotonic() of the scan that saw it
-    source: str  # the file it was read from (or "cgroup.event_control" for v1 `oom`)
-    version: int
-    # v2: the same counter in memory.events.local (this level only), before and now.
-    local_old: Optional[int] = None
-    local_new: Optional[int] = None
-    # v2: this rise is the same one already reported at the level below on the path
-    # (hierarchical counters repeat a kill at every ancestor). The log skips these.
-    propagated: bool = False
-
-    kind = "event"
-
-    @property
-    def delta(self) -> int:
-        return self.new - self.old
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"type": self.kind, **self.__dict__}
-
-    def message(self, limit_above: Optional[tuple[int, str]] = None) -> str:
-        """One line about it; `limit_above` (Events.limit_above) names the binding limit when
-        this level has none."""
-        return event_message(self, limit_above)
 
 
 Item = Union[Event, HeadroomAlert]
@@ -127,7 +92,7 @@ class _Level:
                 pass  # v2 levels without the memory controller, the v2 root, old kernels
         try:
             self.usage_fd: Optional[int] = os.open(
-                os.path.join(directory, levels.FileNames.for_version(version).usage),
+                os.path.join(directory, FileNames.for_version(version).usage),
                 os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             self.usage_fd = None
@@ -140,7 +105,7 @@ class _Level:
         result = {}
         for source, fd in self.fds.items():
             try:
-                found = counters.parse_counters(source, levels.read_fd(fd))
+                found = counters.parse_counters(source, read_fd(fd))
             except (OSError, ValueError):
                 continue
             if found:  # an empty read (a file being rewritten) must not become a baseline
@@ -156,11 +121,11 @@ class _Level:
             return None
 
     def close_thresholds(self) -> None:
-        levels.close_quietly(*self.threshold_efds)
+        close_quietly(*self.threshold_efds)
         self.threshold_efds = []
 
     def close(self) -> None:
-        levels.close_quietly(*self.fds.values(), *(fd for fd in (self.usage_fd, self.oom_efd,
+        close_quietly(*self.fds.values(), *(fd for fd in (self.usage_fd, self.oom_efd,
                                                                  self.psi_fd) if fd is not None))
         self.close_thresholds()
         self.fds = {}
@@ -356,7 +321,7 @@ class Events:
 
     def __del__(self) -> None:
         try:
-            levels.close_quietly(self._wake_r, self._wake_w)
+            close_quietly(self._wake_r, self._wake_w)
         except AttributeError:
             pass  # __init__ did not get that far
 
@@ -489,7 +454,7 @@ class Events:
                 self._check_requested = True
             elif what == "psi" and lvl.psi_fd == fd:
                 if mask & (select.POLLERR | select.POLLNVAL):
-                    levels.close_quietly(fd)  # the cgroup went away; re-armed on resync
+                    close_quietly(fd)  # the cgroup went away; re-armed on resync
                     lvl.psi_fd = None
                 self._check_requested = True
 
@@ -560,7 +525,7 @@ class Events:
         self._forget(lvl.directory)
         for source, current in lvl.read().items():
             self._last[(lvl.directory, source)] = current
-            if source == counters.EVENTS_LOCAL:
+            if source == names.EVENTS_LOCAL:
                 for counter, value in current.items():
                     self._local_seen[(lvl.directory, counter)] = value
 
@@ -589,7 +554,7 @@ class Events:
             lvl.close_thresholds()
             if lvl.limit is None or not self.use_eventfd:
                 if lvl.oom_efd is not None:
-                    levels.close_quietly(lvl.oom_efd)
+                    close_quietly(lvl.oom_efd)
                     lvl.oom_efd = None
                 continue
             try:
@@ -611,7 +576,7 @@ class Events:
         for lvl in self._levels:
             wanted = bool(self._alerts and self.psi_trigger and lvl.limit is not None)
             if not wanted and lvl.psi_fd is not None:
-                levels.close_quietly(lvl.psi_fd)
+                close_quietly(lvl.psi_fd)
                 lvl.psi_fd = None
             if wanted and lvl.psi_fd is None:
                 try:
@@ -656,7 +621,7 @@ class Events:
         if version == 2:
             deltas: dict[str, list[int]] = {}
             for index, source, counter, old, new in rose:
-                if source == counters.EVENTS:
+                if source == names.EVENTS:
                     deltas.setdefault(counter, [0] * len(self._levels))[index] = new - old
             # The kernel raises a counter level by level, so one kill can be split over two
             # scans: what a lower level rose by is carried to the next scan for a while.
@@ -672,13 +637,13 @@ class Events:
         usages: dict[int, Optional[int]] = {}
         found = []
         for index, source, counter, old, new in rose:
-            if source == counters.EVENTS_LOCAL:
+            if source == names.EVENTS_LOCAL:
                 continue  # folded into the memory.events event of the same level and counter
             lvl = self._levels[index]
             if index not in usages:
                 usages[index] = lvl.usage()
             local_old = local_new = None
-            local = reads[index].get(counters.EVENTS_LOCAL)
+            local = reads[index].get(names.EVENTS_LOCAL)
             if local is not None and counter in local:
                 local_old = self._local_seen.get((lvl.directory, counter), local[counter])
                 local_new = local[counter]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from .events import Event
+from .event import Event
 from .units import human_bytes
 
 KILL_COUNTERS = ("oom_kill", "oom_group_kill")

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import psutil
 
 from . import values
-from .levels import read_fd, read_file, under_root
+from .files import read_fd, read_file, under_root
 
 log = logging.getLogger("cgwatch")
 

@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
-from . import discovery, levels, values
+from . import discovery, tree, values
+from .files import READ_SIZE, close_quietly, read_file, under_root
 from .hostmem import HostMemory
-from .levels import READ_SIZE, Level
+from .names import FileNames
+from .tree import Level
 from .watcher import Change, Target, TargetGone, Watcher, WatchUnavailable
 
 log = logging.getLogger("cgwatch")
@@ -208,15 +210,15 @@ class Monitor:
         res = snap.resolution
         if not isinstance(res, discovery.Resolved):
             return []
-        names = levels.FileNames.for_version(res.version)
+        names = FileNames.for_version(res.version)
         reads = []
         for lvl in snap.levels:
             usage = inactive = room = None
             problem = lvl.problem
             try:
-                usage = values.parse_counter(levels.read_file(os.path.join(lvl.directory,
+                usage = values.parse_counter(read_file(os.path.join(lvl.directory,
                                                                            names.usage)))
-                stat = levels.read_file(os.path.join(lvl.directory, "memory.stat")).encode()
+                stat = read_file(os.path.join(lvl.directory, "memory.stat")).encode()
                 inactive = values.find_stat_value(stat, names.inactive_key)
             except FileNotFoundError:
                 pass  # v2 levels without the memory controller (and the root) have no usage
@@ -325,14 +327,14 @@ class Monitor:
             log.warning("cgwatch: %s", reason)
 
     def _build_snapshot(self, previous: Optional[_Snapshot]) -> _Snapshot:
-        resolution, self._proc_cgroup_text = levels.resolve_process(self.root)
+        resolution, self._proc_cgroup_text = tree.resolve_process(self.root)
         host = previous.host if previous is not None else HostMemory(self.root)
         if host.reason:
             self._report(host.reason)
         if isinstance(resolution, discovery.Resolved):
             try:
                 old_levels = previous.levels if previous is not None else ()
-                lvls = levels.build_levels(self.root, resolution, old_levels)
+                lvls = tree.build_levels(self.root, resolution, old_levels)
                 return self._publishable(resolution, lvls, host)
             except OSError as e:
                 resolution = discovery.Unresolved(f"cannot read {resolution.directory}: {e}")
@@ -344,7 +346,7 @@ class Monitor:
     def _publishable(self, res: discovery.Resolved, lvls: tuple[Level, ...],
                      host: HostMemory) -> _Snapshot:
         # The hot path searches memory.stat for the whole line start "\n<key> ".
-        key = b"\n" + levels.FileNames.for_version(res.version).inactive_key + b" "
+        key = b"\n" + FileNames.for_version(res.version).inactive_key + b" "
         limited = tuple((None, lvl.limit, lvl.kept.usage_fd, lvl.kept.stat_fd, key)
                         for lvl in lvls if lvl.limit is not None and lvl.kept is not None)
         total = min([host.total] + [lvl.limit for lvl in lvls if lvl.limit is not None])
@@ -413,7 +415,7 @@ class Monitor:
 
     def _close_limit_fds(self) -> None:
         fds, self._limit_fds = self._limit_fds, {}
-        levels.close_quietly(*fds.values())
+        close_quietly(*fds.values())
 
     def _reload_limits(self) -> None:
         """Re-read the limits of the levels already known (a limit file changed)."""
@@ -428,7 +430,7 @@ class Monitor:
         if not isinstance(res, discovery.Resolved):
             return True
         try:
-            lvls = levels.build_levels(self.root, res, snap.levels)
+            lvls = tree.build_levels(self.root, res, snap.levels)
         except OSError:
             return False
         # A limit that cannot be read right now (a writer truncated the file and has not
@@ -450,7 +452,7 @@ class Monitor:
         if not self._start_watching():
             return False
         try:
-            text = levels.read_file(levels.under_root(self.root, "/proc/self/cgroup"))
+            text = read_file(under_root(self.root, "/proc/self/cgroup"))
         except OSError:
             text = ""
         if text != self._proc_cgroup_text:
@@ -464,7 +466,7 @@ class Monitor:
         res = snap.resolution
         if not isinstance(res, discovery.Resolved):
             return []
-        names = levels.FileNames.for_version(res.version)
+        names = FileNames.for_version(res.version)
         targets = []
         for index, lvl in enumerate(snap.levels):
             limit_path = os.path.join(lvl.directory, names.limit)
@@ -586,7 +588,7 @@ class Monitor:
 
     def _periodic_check(self) -> None:
         try:
-            text = levels.read_file(levels.under_root(self.root, "/proc/self/cgroup"))
+            text = read_file(under_root(self.root, "/proc/self/cgroup"))
         except OSError:
             text = ""
         if text != self._proc_cgroup_text:
@@ -632,7 +634,7 @@ class Monitor:
         if self._watcher is not None:
             self._watcher.close()
             self._watcher = None
-        levels.close_quietly(self._wake_r, self._wake_w)
+        close_quietly(self._wake_r, self._wake_w)
         self._wake_r = self._wake_w = -1
         self._snap = replace(self._snap, expires=0.0)
 
@@ -694,5 +696,5 @@ def _run_thread(ref: weakref.ref[Monitor], wake_r: int, first_check: float) -> N
             except OSError:
                 state["ready"] = []
     finally:
-        levels.close_quietly(wake_r)
+        close_quietly(wake_r)
 

@@ -28,9 +28,11 @@ import sys
 import threading
 from typing import Any, Optional
 
-from . import levels, values
-from .events import Event, Events, Item
+from . import names, values
+from .event import Event
+from .events import Events, Item
 from .explain import KILL_COUNTERS, Report, explain, find_culprit
+from .files import read_file, under_root
 from .monitor import Monitor
 from .watch import format_item
 
@@ -53,9 +55,9 @@ def exit_status(returncode: int) -> int:
 
 
 def _peak(directory: str, version: int) -> tuple[Optional[int], str]:
-    name = levels.FileNames.for_version(version).peak
+    name = names.FileNames.for_version(version).peak
     try:
-        return values.parse_counter(levels.read_file(os.path.join(directory, name))), name
+        return values.parse_counter(read_file(os.path.join(directory, name))), name
     except (OSError, ValueError):
         return None, ""
 
@@ -63,7 +65,7 @@ def _peak(directory: str, version: int) -> tuple[Optional[int], str]:
 def _vmstat_oom_kills(root: str) -> Optional[int]:
     """The host's count of OOM kills (/proc/vmstat `oom_kill`, Linux 4.13+)."""
     try:
-        text = levels.read_file(levels.under_root(root, "/proc/vmstat"))
+        text = read_file(under_root(root, names.VMSTAT))
     except OSError:
         return None
     return values.parse_flat_keyed(text).get("oom_kill")
@@ -151,7 +153,7 @@ def _prefer_not_to_be_killed(root: str) -> None:
     and if the OOM killer took it instead, CMD would run on unwatched and its status be lost.
     Needs CAP_SYS_RESOURCE; without it nothing changes."""
     try:
-        with open(levels.under_root(root, "/proc/self/oom_score_adj"), "w") as f:
+        with open(under_root(root, names.OOM_SCORE_ADJ), "w") as f:
             f.write(str(_OOM_SCORE_ADJ))
     except OSError:
         pass

@@ -52,14 +52,6 @@ def parse_flat_keyed(data: Text) -> dict[str, int]:
     return result
 
 
-def stat_key(version: int) -> bytes:
-    """The memory.stat key for hierarchical inactive page cache in this cgroup version.
-
-    v2's `inactive_file` is already hierarchical; v1's plain `inactive_file` is local to the
-    cgroup and `total_inactive_file` covers its descendants, matching `usage_in_bytes`.
-    """
-    return b"inactive_file" if version == 2 else b"total_inactive_file"
-
 
 def find_stat_value(data: bytes, key: bytes) -> int:
     """One value out of memory.stat without parsing the whole file (this is the hot path)."""

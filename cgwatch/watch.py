@@ -12,7 +12,8 @@ from typing import Any, Optional, TextIO
 
 from . import counters
 from .alerts import HeadroomAlert, Threshold
-from .events import Event, Events, Item
+from .event import Event
+from .events import Events, Item
 from .monitor import Monitor
 from .units import human_bytes
 

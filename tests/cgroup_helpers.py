@@ -18,14 +18,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Optional
 
-from cgwatch import discovery, levels
+from cgwatch import discovery, tree
 
 MiB = 1 << 20
 
 
 def own_memory_cgroup() -> tuple[Optional[discovery.Resolved], str]:
     """The resolved memory cgroup of this process, or None and why it cannot be used."""
-    resolution, _ = levels.resolve_process("/")
+    resolution, _ = tree.resolve_process("/")
     if not isinstance(resolution, discovery.Resolved):
         return None, resolution.reason
     return resolution, ""

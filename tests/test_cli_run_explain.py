@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from cgwatch.events import Event
+from cgwatch.event import Event
 from cgwatch.explain import Culprit, Report, explain, find_culprit
 from cgwatch.run import exit_status
 

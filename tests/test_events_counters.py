@@ -9,7 +9,8 @@ import pytest
 
 from cgwatch import counters, notify
 from cgwatch.alerts import Threshold, crossing, usage_thresholds
-from cgwatch.eventlog import RateLimiter, limit_text
+from cgwatch.event import limit_text
+from cgwatch.eventlog import RateLimiter
 
 MiB = 1 << 20
 

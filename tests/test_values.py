@@ -7,6 +7,7 @@ from typing import Optional
 import pytest
 
 from cgwatch import values
+from cgwatch.names import FileNames
 
 V1_UNLIMITED = "9223372036854771712\n"  # 2^63-1 rounded down to 4 KiB pages, as the kernel writes
 
@@ -56,7 +57,7 @@ active_file 12288000
     (b"x 1\ninactive_file 7", 2, 7),  # last line without newline
 ])
 def test_find_stat_value(data: bytes, version: int, expected: int) -> None:
-    assert values.find_stat_value(data, values.stat_key(version)) == expected
+    assert values.find_stat_value(data, FileNames.for_version(version).inactive_key) == expected
 
 
 @pytest.mark.parametrize("data", [b"", b"inactive_anon 5\n", b"inactive_file x\n",

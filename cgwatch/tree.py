@@ -12,65 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from . import discovery, values
-
-# Big enough for memory.stat on current kernels in one read; read_fd loops if it ever is not.
-READ_SIZE = 16384
-
-
-def read_fd(fd: int) -> bytes:
-    """The whole content of a kernfs/procfs file through a kept descriptor, from offset 0."""
-    data = os.pread(fd, READ_SIZE, 0)
-    if len(data) < READ_SIZE:
-        return data
-    chunks = [data]
-    offset = READ_SIZE
-    while True:
-        chunk = os.pread(fd, READ_SIZE, offset)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        offset += len(chunk)
-
-
-def close_quietly(*fds: int) -> None:
-    """Close descriptors that may already be gone (-1 is skipped); never raises."""
-    for fd in fds:
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def read_file(path: str) -> str:
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", "replace")
-
-
-def under_root(root: str, path: str) -> str:
-    """`path` (absolute, as the kernel names it) inside the tree rooted at `root`."""
-    if root in ("", "/"):
-        return path
-    return os.path.join(root, path.lstrip("/"))
-
-
-@dataclass(frozen=True)
-class FileNames:
-    """The file names that differ between cgroup versions."""
-
-    limit: str
-    usage: str
-    inactive_key: bytes
-    events: tuple[str, ...]
-    peak: str
-
-    @staticmethod
-    def for_version(version: int) -> FileNames:
-        if version == 2:
-            return FileNames("memory.max", "memory.current", values.stat_key(2),
-                             ("memory.events", "memory.events.local"), "memory.peak")
-        return FileNames("memory.limit_in_bytes", "memory.usage_in_bytes", values.stat_key(1),
-                         ("memory.oom_control", "memory.failcnt"), "memory.max_usage_in_bytes")
+from .files import close_quietly, read_file, under_root
+from .names import FileNames
 
 
 class KeptFiles:

@@ -1,0 +1,48 @@
+"""Internal. Every kernel file name cgwatch reads or writes, per cgroup version, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROC_CGROUP = "/proc/self/cgroup"
+PROC_MOUNTINFO = "/proc/self/mountinfo"
+MEMINFO = "/proc/meminfo"
+ZONEINFO = "/proc/zoneinfo"
+VMSTAT = "/proc/vmstat"
+OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
+
+STAT = "memory.stat"
+USE_HIERARCHY = "memory.use_hierarchy"  # v1 only
+CONTROLLERS = "cgroup.controllers"  # v2 only
+EVENT_CONTROL = "cgroup.event_control"  # v1 only: eventfd registration
+PRESSURE = "memory.pressure"  # v2 only: PSI
+
+# Event counter files (counters.py parses them).
+EVENTS = "memory.events"
+EVENTS_LOCAL = "memory.events.local"
+OOM_CONTROL = "memory.oom_control"
+FAILCNT = "memory.failcnt"
+
+
+@dataclass(frozen=True)
+class FileNames:
+    """The file names that differ between cgroup versions."""
+
+    version: int
+    limit: str  # the hard limit
+    usage: str  # current usage, hierarchical
+    inactive_key: bytes  # memory.stat key of hierarchical inactive page cache
+    peak: str  # the highest usage seen
+    counters: tuple[str, ...]  # event counter files, in reading order
+
+    @staticmethod
+    def for_version(version: int) -> FileNames:
+        return V2 if version == 2 else V1
+
+
+# v2's `inactive_file` is already hierarchical; v1's plain `inactive_file` is local to the
+# cgroup and `total_inactive_file` covers its descendants, matching `usage_in_bytes`.
+V2 = FileNames(2, "memory.max", "memory.current", b"inactive_file", "memory.peak",
+               (EVENTS, EVENTS_LOCAL))
+V1 = FileNames(1, "memory.limit_in_bytes", "memory.usage_in_bytes", b"total_inactive_file",
+               "memory.max_usage_in_bytes", (OOM_CONTROL, FAILCNT))
