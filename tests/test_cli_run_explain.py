@@ -8,9 +8,9 @@ from typing import Any, Optional
 
 import pytest
 
+from cgwatch.cli.explain import Culprit, Report, explain, find_culprit
+from cgwatch.cli.run import exit_status
 from cgwatch.event import Event
-from cgwatch.explain import Culprit, Report, explain, find_culprit
-from cgwatch.run import exit_status
 
 MiB = 1 << 20
 

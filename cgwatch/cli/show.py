@@ -1,14 +1,14 @@
-"""The `cgwatch` command: the levels from this process's cgroup to the top, and the totals."""
+"""The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
+totals, as a table or JSON."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from typing import Any, Optional
+from typing import Any
 
-from .monitor import Monitor
-from .units import human_bytes
+from ..monitor import Monitor
+from ..units import human_bytes
 
 
 def report(monitor: Monitor) -> dict[str, Any]:
@@ -58,45 +58,13 @@ def format_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _subcommand(name: str, argv: list[str]) -> int:
-    """`cgwatch watch ...` / `cgwatch run -- CMD ...` (watch.py, run.py)."""
-    from . import run, watch  # only these commands need the events layer
-
-    description, add_arguments, handler = {
-        "watch": ("Print the headroom now, then one line per memory event (OOM kills, limit "
-                  "hits, ...) and per --below crossing, until Ctrl-C.",
-                  watch.add_arguments, watch.run_watch),
-        "run": ("Run CMD in this cgroup; exit with its status; if the OOM killer struck "
-                "meanwhile, say which cgroup's limit was reached and what to do.",
-                run.add_arguments, run.run_command),
-    }[name]
-    parser = argparse.ArgumentParser(prog=f"cgwatch {name}", description=description)
-    add_arguments(parser)
-    return handler(parser.parse_args(argv))
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
-    if args_in[:1] in (["watch"], ["run"]):
-        return _subcommand(args_in[0], args_in[1:])
-    parser = argparse.ArgumentParser(
-        prog="cgwatch",
-        description="Show how much memory this process may really use: the memory limits on "
-                    "the path from its cgroup to the top, and the headroom left.",
-        epilog="More: `cgwatch watch` prints memory events as they happen; `cgwatch run -- "
-               "CMD` runs CMD and explains an OOM kill (see --help of each).")
-    parser.add_argument("--json", action="store_true", help="print JSON (sizes in bytes)")
-    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    with Monitor(args.root) as monitor:
+def run_show(root: str, as_json: bool) -> int:
+    """Print the table (or JSON) for the tree at `root`; the exit status."""
+    with Monitor(root) as monitor:
         data = report(monitor)
-    if args.json:
+    if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_table(data))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -28,25 +28,17 @@ import sys
 import threading
 from typing import Any, Optional
 
-from . import names, values
-from .event import Event
-from .events import Events, Item
+from .. import names, values
+from ..event import Event
+from ..events import Events, Item
+from ..files import read_file, under_root
+from ..monitor import Monitor
 from .explain import KILL_COUNTERS, Report, explain, find_culprit
-from .files import read_file, under_root
-from .monitor import Monitor
-from .watch import format_item
+from .format import format_item
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _LEFT_TO_CHILD = (signal.SIGINT, signal.SIGQUIT)
 _OOM_SCORE_ADJ = -500  # half the limit off our badness: CMD's processes go first
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true",
-                        help="print memory events to stderr as they happen")
-    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
-                        help="the command to run")
 
 
 def exit_status(returncode: int) -> int:

@@ -8,35 +8,14 @@ import json
 import signal
 import sys
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
-from . import counters
-from .alerts import HeadroomAlert, Threshold
-from .event import Event
-from .events import Events, Item
-from .monitor import Monitor
-from .units import human_bytes
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON lines (sizes in bytes)")
-    parser.add_argument("--below", action="append", default=[], metavar="SIZE|PCT",
-                        type=_threshold,
-                        help="report when available memory drops below SIZE (512M, 2G, bytes) "
-                             "or PCT of total memory (10%%), and when it recovers; repeatable")
-    parser.add_argument("--all", action="store_true",
-                        help="also print rises that only repeat the level below's (v2 counts a "
-                             "kill at every ancestor)")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                        help="how often what has no kernel notification is re-read (default 1)")
-    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
-
-
-def _threshold(text: str) -> Threshold:
-    try:
-        return Threshold.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+from ..alerts import Threshold
+from ..event import Event
+from ..events import Events, Item
+from ..monitor import Monitor
+from ..units import human_bytes
+from .format import format_item
 
 
 def start_record(monitor: Monitor, events: Events, thresholds: list[Threshold]) -> dict[str, Any]:
@@ -65,16 +44,6 @@ def format_start(rec: dict[str, Any]) -> str:
     if rec["thresholds"]:
         lines.append(f"  alerts below {', '.join(rec['thresholds'])}: {rec['alerts']}")
     return "\n".join(lines)
-
-
-def format_item(item: Item, limit_above: Optional[tuple[int, str]] = None,
-                wall: Optional[float] = None) -> str:
-    """One line: local time, severity, message (`limit_above`: Events.limit_above)."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(wall if wall is not None else time.time()))
-    if isinstance(item, HeadroomAlert):
-        return f"{stamp} {'WARNING' if item.below else 'INFO':7} {item.message()}"
-    return (f"{stamp} {counters.severity(item.counter).upper():7} "
-            f"{item.message(limit_above)}")
 
 
 def json_item(item: Item) -> str:

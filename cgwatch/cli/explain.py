@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Optional
 
-from .event import Event
-from .units import human_bytes
+from ..event import Event
+from ..units import human_bytes
 
 KILL_COUNTERS = ("oom_kill", "oom_group_kill")
 
