@@ -1,12 +1,16 @@
-"""Test-session guard: where real cgroups must be tested, a skip of them is a failure."""
+"""Shared fixtures for the fake-tree tests, and the test-session guard: where real cgroups must
+be tested, a skip of them is a failure."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.cgroup_helpers import writable_reason
+from tests.fake_tree import FakeHost
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -16,3 +20,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         reason = writable_reason()
         if reason:
             raise pytest.UsageError(f"CGWATCH_REQUIRE_REAL=1 but real cgroups unusable: {reason}")
+
+
+@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
+def version(request: pytest.FixtureRequest) -> int:
+    """The cgroup version of a fake tree: every test that asks runs once for each."""
+    return int(request.param)
+
+
+@pytest.fixture
+def host(version: int, tmp_path: Any) -> FakeHost:
+    """A FakeHost (process in /a/b/c, only the root level made yet) for v1 and for v2."""
+    return FakeHost(str(tmp_path), version)
+
+
+@pytest.fixture
+def opened() -> Iterator[list[Any]]:
+    """Append what the test makes (monitors, Events): closed after it, newest first."""
+    made: list[Any] = []
+    yield made
+    for thing in reversed(made):
+        thing.close()

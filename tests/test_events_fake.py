@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
@@ -52,17 +51,9 @@ class Tree:
                 counts.get("oom_kill", 0), counts.get("under_oom", 0)))
 
 
-@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
-def tree(request: pytest.FixtureRequest, tmp_path: Any) -> Tree:
-    return Tree(str(tmp_path), request.param)
-
-
 @pytest.fixture
-def opened() -> Iterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for thing in reversed(made):
-        thing.close()
+def tree(version: int, tmp_path: Any) -> Tree:
+    return Tree(str(tmp_path), version)
 
 
 def start(opened: list[Any], tree: Tree, **kwargs: Any) -> Events:

@@ -8,7 +8,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from typing import Callable
 
 import psutil
@@ -17,19 +16,6 @@ import pytest
 import cgwatch
 from cgwatch import HOST, POLLING, WATCHING, Monitor, watcher
 from tests.fake_tree import FakeHost, GiB, MiB
-
-
-@pytest.fixture(params=[1, 2], ids=["v1", "v2"])
-def host(request: pytest.FixtureRequest, tmp_path: object) -> FakeHost:
-    return FakeHost(str(tmp_path), request.param)
-
-
-@pytest.fixture
-def monitors() -> Iterator[list[Monitor]]:
-    made: list[Monitor] = []
-    yield made
-    for m in made:
-        m.close()
 
 
 def start(made: list[Monitor], host: FakeHost, **kwargs: object) -> Monitor:
@@ -47,9 +33,9 @@ def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
     return condition()
 
 
-def test_smallest_limit_on_the_path_wins(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_smallest_limit_on_the_path_wins(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 8 * GiB, "/a/b": 2 * GiB, "/a/b/c": 4 * GiB})
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.total_memory() == 2 * GiB
     assert m.status.mode == WATCHING
     assert m.status.version == host.version
@@ -59,25 +45,25 @@ def test_smallest_limit_on_the_path_wins(host: FakeHost, monitors: list[Monitor]
     assert [i.binds_total for i in infos] == [False, True, False, False]
 
 
-def test_no_limit_anywhere_is_host_ram(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_no_limit_anywhere_is_host_ram(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": None, "/a/b": None, "/a/b/c": None})
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.total_memory() == 64 * GiB  # v1 sentinel and v2 "max" both mean none
     assert m.available_memory() == 60 * GiB
     assert not any(i.binds_total for i in m.levels())
 
 
-def test_limit_above_host_ram_is_capped(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_limit_above_host_ram_is_capped(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 100 * GiB, "/a/b": None, "/a/b/c": None})
-    assert start(monitors, host).total_memory() == 64 * GiB
+    assert start(opened, host).total_memory() == 64 * GiB
 
 
-def test_headroom_is_min_over_limited_levels(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_headroom_is_min_over_limited_levels(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 1 * GiB, "/a/b": None, "/a/b/c": 600 * MiB})
     # /a's usage counts a sibling of ours: 900 MiB used, 100 MiB of it inactive page cache.
     host.set_usage("/a", 900 * MiB, 100 * MiB)
     host.set_usage("/a/b/c", 300 * MiB, 50 * MiB)
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.total_memory() == 600 * MiB
     assert m.available_memory() == 1 * GiB - 800 * MiB  # /a binds: 224 MiB < 350 MiB
     infos = {i.cgroup_path: i for i in m.levels()}
@@ -86,25 +72,25 @@ def test_headroom_is_min_over_limited_levels(host: FakeHost, monitors: list[Moni
     assert infos["/a/b"].headroom is None
 
 
-def test_host_binds_available_when_tighter(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_host_binds_available_when_tighter(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": None, "/a/b": None, "/a/b/c": 8 * GiB})
     host.set_meminfo(64 * GiB, 1 * GiB)
-    assert start(monitors, host).available_memory() == 1 * GiB
+    assert start(opened, host).available_memory() == 1 * GiB
 
 
-def test_available_floors(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_available_floors(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": None, "/a/b": None, "/a/b/c": 100 * MiB})
     host.set_usage("/a/b/c", 150 * MiB, 10 * MiB)  # over the limit (v1 soft overshoot)
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.available_memory() == 0
     host.set_usage("/a/b/c", 10 * MiB, 20 * MiB)  # inactive > usage: racy read, ws floored at 0
     assert m.available_memory() == 100 * MiB
 
 
 def test_rewrite_of_a_limit_is_picked_up_by_the_thread(host: FakeHost,
-                                                      monitors: list[Monitor]) -> None:
+                                                      opened: list[Monitor]) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.total_memory() == 4 * GiB
     host.set_limit("/a/b", 1 * GiB)
     assert wait_for(lambda: m.total_memory() == 1 * GiB)
@@ -112,9 +98,9 @@ def test_rewrite_of_a_limit_is_picked_up_by_the_thread(host: FakeHost,
     assert wait_for(lambda: m.total_memory() == 4 * GiB)
 
 
-def test_migration_is_noticed_on_the_timer(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_migration_is_noticed_on_the_timer(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None, "/x": 1 * GiB})
-    m = start(monitors, host, migration_interval=0.05)
+    m = start(opened, host, migration_interval=0.05)
     assert m.total_memory() == 4 * GiB
     host.move_to("/x")
     assert wait_for(lambda: m.total_memory() == 1 * GiB)
@@ -124,13 +110,13 @@ def test_migration_is_noticed_on_the_timer(host: FakeHost, monitors: list[Monito
     assert wait_for(lambda: m.total_memory() == 512 * MiB)
 
 
-def test_garbage_limit_is_reported_not_raised(host: FakeHost, monitors: list[Monitor],
+def test_garbage_limit_is_reported_not_raised(host: FakeHost, opened: list[Monitor],
                                               caplog: pytest.LogCaptureFixture) -> None:
     host.make_path({"/a": 2 * GiB, "/a/b": None, "/a/b/c": None})
     host.write(host.level_dir("/a/b") + ("/memory.max" if host.version == 2 else
                                          "/memory.limit_in_bytes"), "garbage\n")
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
-        m = start(monitors, host)
+        m = start(opened, host)
         assert m.total_memory() == 2 * GiB
         assert m.available_memory() > 0
     assert "/a/b" in m.status.reason
@@ -138,9 +124,9 @@ def test_garbage_limit_is_reported_not_raised(host: FakeHost, monitors: list[Mon
     assert next(i for i in m.levels() if i.cgroup_path == "/a/b").problem
 
 
-def test_limit_mid_rewrite_keeps_last_good_value(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_limit_mid_rewrite_keeps_last_good_value(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 2 * GiB, "/a/b": None, "/a/b/c": None})
-    m = start(monitors, host)
+    m = start(opened, host)
     limit_file = host.level_dir("/a") + ("/memory.max" if host.version == 2 else
                                          "/memory.limit_in_bytes")
     host.write(limit_file, "")  # a writer that truncated and has not written yet
@@ -149,11 +135,11 @@ def test_limit_mid_rewrite_keeps_last_good_value(host: FakeHost, monitors: list[
     assert "/a" in m.status.reason
 
 
-def test_garbage_usage_never_raises(host: FakeHost, monitors: list[Monitor],
+def test_garbage_usage_never_raises(host: FakeHost, opened: list[Monitor],
                                     caplog: pytest.LogCaptureFixture) -> None:
     host.make_path({"/a": None, "/a/b": None, "/a/b/c": 1 * GiB})
     host.write(host.level_dir("/a/b/c") + "/memory.stat", "nonsense\n")
-    m = start(monitors, host)
+    m = start(opened, host)
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
         value = m.available_memory()
     # The fallback without inactive_file: limit - usage (can only be below the truth), and
@@ -162,7 +148,7 @@ def test_garbage_usage_never_raises(host: FakeHost, monitors: list[Monitor],
     assert any("reading usage failed" in r.getMessage() for r in caplog.records)
 
 
-def test_missing_cgroup_files_fall_back_to_host(tmp_path: object, monitors: list[Monitor],
+def test_missing_cgroup_files_fall_back_to_host(tmp_path: object, opened: list[Monitor],
                                                 caplog: pytest.LogCaptureFixture) -> None:
     root = str(tmp_path)
     os.makedirs(os.path.join(root, "proc"))
@@ -170,7 +156,7 @@ def test_missing_cgroup_files_fall_back_to_host(tmp_path: object, monitors: list
         f.write("MemTotal: 1048576 kB\nMemAvailable: 524288 kB\n")
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
         m = Monitor(root)
-        monitors.append(m)
+        opened.append(m)
     assert m.status.mode == HOST
     assert "/proc/self/cgroup" in m.status.reason
     assert m.total_memory() == 1 << 30
@@ -179,27 +165,27 @@ def test_missing_cgroup_files_fall_back_to_host(tmp_path: object, monitors: list
     assert any("no memory cgroup" in r.getMessage() for r in caplog.records)
 
 
-def test_no_proc_at_all_uses_psutil(tmp_path: object, monitors: list[Monitor]) -> None:
+def test_no_proc_at_all_uses_psutil(tmp_path: object, opened: list[Monitor]) -> None:
     # What a non-Linux system looks like to the monitor: nothing under /proc.
     m = Monitor(str(tmp_path))
-    monitors.append(m)
+    opened.append(m)
     assert m.status.mode == HOST
     assert m.status.host_source == "psutil"
     assert m.total_memory() == psutil.virtual_memory().total
     assert m.available_memory() > 0
 
 
-def test_cgroup_directory_missing(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_cgroup_directory_missing(host: FakeHost, opened: list[Monitor]) -> None:
     host.move_to("/does/not/exist")
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.status.mode == HOST
     assert "does not exist" in m.status.reason
     assert m.total_memory() == 64 * GiB
 
 
-def test_polling_when_inotify_disabled(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_polling_when_inotify_disabled(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    m = start(monitors, host, use_inotify=False, poll_interval=0.05)
+    m = start(opened, host, use_inotify=False, poll_interval=0.05)
     assert m.status.mode == POLLING
     assert "disabled" in m.status.reason
     host.set_limit("/a/b/c", 1 * GiB)
@@ -207,7 +193,7 @@ def test_polling_when_inotify_disabled(host: FakeHost, monitors: list[Monitor]) 
 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EMFILE])
-def test_polling_when_watches_run_out(host: FakeHost, monitors: list[Monitor],
+def test_polling_when_watches_run_out(host: FakeHost, opened: list[Monitor],
                                       monkeypatch: pytest.MonkeyPatch, err: int,
                                       caplog: pytest.LogCaptureFixture) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
@@ -220,7 +206,7 @@ def test_polling_when_watches_run_out(host: FakeHost, monitors: list[Monitor],
 
     monkeypatch.setattr(watcher.inotify_simple.INotify, "add_watch", add_watch)
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
-        m = start(monitors, host, poll_interval=0.05)
+        m = start(opened, host, poll_interval=0.05)
     assert m.status.mode == POLLING
     assert ("watch limit" if err == errno.ENOSPC else "instance limit") in m.status.reason
     assert any("polling" in r.getMessage() for r in caplog.records)
@@ -228,7 +214,7 @@ def test_polling_when_watches_run_out(host: FakeHost, monitors: list[Monitor],
     assert wait_for(lambda: m.total_memory() == 3 * GiB)
 
 
-def test_polling_when_inotify_cannot_start(host: FakeHost, monitors: list[Monitor],
+def test_polling_when_inotify_cannot_start(host: FakeHost, opened: list[Monitor],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
 
@@ -236,7 +222,7 @@ def test_polling_when_inotify_cannot_start(host: FakeHost, monitors: list[Monito
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(watcher.inotify_simple, "INotify", refuse)
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.status.mode == POLLING
     assert m.total_memory() == 4 * GiB
 
@@ -263,9 +249,9 @@ def test_dropped_monitor_stops_its_thread(host: FakeHost) -> None:
 
 
 def test_many_threads_never_see_a_value_that_was_never_true(host: FakeHost,
-                                                            monitors: list[Monitor]) -> None:
+                                                            opened: list[Monitor]) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": 2 * GiB, "/a/b/c": None})
-    m = start(monitors, host)
+    m = start(opened, host)
     seen: set[int] = set()
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -293,9 +279,9 @@ def test_many_threads_never_see_a_value_that_was_never_true(host: FakeHost,
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_fork_child_gets_fresh_values(host: FakeHost, monitors: list[Monitor]) -> None:
+def test_fork_child_gets_fresh_values(host: FakeHost, opened: list[Monitor]) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    m = start(monitors, host)
+    m = start(opened, host)
     assert m.total_memory() == 4 * GiB
     r, w = os.pipe()
     pid = os.fork()
