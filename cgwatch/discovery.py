@@ -43,9 +43,12 @@ class Resolved:
 
 @dataclass(frozen=True)
 class Unresolved:
-    """No trustworthy memory cgroup: callers fall back to host values and report `reason`."""
+    """No trustworthy memory cgroup: callers fall back to host values and report `reason`.
+    `transient`: a file could not be read (descriptors exhausted, say), not a fact about the
+    process's cgroup; the caller may keep what it knew and retry."""
 
     reason: str
+    transient: bool = False
 
 
 Resolution = Union[Resolved, Unresolved]

@@ -8,11 +8,10 @@ as values delivered to callbacks, a queue and the log; plus headroom alerts (ale
             ...
 
 What is watched (counters.py has the file list), and how each case is noticed:
-- v2: `memory.events` and `memory.events.local` of every level, through the monitor's own
-  inotify fd and thread (the kernel raises IN_MODIFY on them, at most ~100 times a second
-  per file, deferring rather than dropping). The monitor's thread only wakes this one; the
-  reading happens here. Without inotify (the monitor polls) they are re-read every
-  `poll_interval` seconds.
+- v2: `memory.events` and `memory.events.local` of every level, through the monitor's
+  inotify descriptor (`Monitor.subscribe(files=...)`; the kernel raises IN_MODIFY on them, at
+  most ~100 times a second per file, deferring rather than dropping). Without inotify (the
+  monitor polls) they are re-read every `poll_interval` seconds.
 - v1: no v1 counter file raises inotify events (checked on 6.18), so on each limited level
   an eventfd is registered through `cgroup.event_control` for `memory.oom_control`: the kernel
   signals it the moment that level's OOM killer is invoked. The counters are then re-read a
@@ -27,109 +26,46 @@ seen later, when it is first seen): only rises after that are reported, never ol
 An `Event` carries its level, counter, old and new value, the level's limit and usage at
 that moment and a monotonic timestamp.
 
-Threads: one "cgwatch-events" thread per Events object reads, checks alerts and runs the
-callbacks one at a time. A callback that raises is logged and the thread goes on; a slow one
-delays later deliveries but loses nothing, because counters are compared as totals. Events
-objects are not inherited by fork children (the child's copy is closed).
+Threads: none of its own. The process-wide "cgwatch" thread (loop.py) that serves the
+monitors reads, checks alerts and runs the callbacks, one at a time. A callback that raises
+is logged and the thread goes on; a slow one delays later deliveries (and other monitors'
+subscribers) but loses nothing, because counters are compared as totals, and delays no
+query, because queries keep their cache exact themselves. The counting itself is scanner.py.
+Events objects are not inherited by fork children: the child's copy is closed, its
+subscription detached and its notification descriptors (the parent's registrations) left to
+the parent.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import select
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from . import counters, discovery, names, notify, values
-from .alerts import HeadroomAlert, Threshold, crossing, usage_thresholds
+from . import names
+from .alerts import HeadroomAlert, Threshold, crossing
 from .event import Event
 from .eventlog import EventLog
-from .files import close_quietly, read_fd
-from .monitor import WATCHING
-from .names import FileNames
-from .watcher import Change, Target
+from .loop import LOOP, Timer, at_fork_in_child
+from .scanner import OOM_RESCANS, Scanner
+from .snapshot import WATCHING
+from .tracker import Change, Layout
 
 if TYPE_CHECKING:
     from .monitor import Monitor
 
 log = logging.getLogger("cgwatch")
 
-# How long a lower level's rise may wait to show at its parent (the kernel raises them
-# microseconds apart; scans are milliseconds apart). Past it, a parent's rise is its own: on a
-# `memory_localevents` mount the parent never shows it.
-_CARRY_SECONDS = 1.0
-
-# After a v1 OOM notification: when to read the counters again (seconds after it).
-_OOM_RESCANS = (0.002, 0.02, 0.1, 0.5)
 DEFAULT_PSI_TRIGGER = "some 100000 1000000"
-
 
 Item = Union[Event, HeadroomAlert]
 Callback = Callable[[Any], None]
 
-
-class _Level:
-    """One level being watched: kept descriptors for its counter and usage files, and its
-    notification descriptors (v1 eventfds, v2 PSI trigger)."""
-
-    def __init__(self, index: int, cgroup_path: str, directory: str, limit: Optional[int],
-                 version: int) -> None:
-        self.index = index
-        self.cgroup_path = cgroup_path
-        self.directory = directory
-        self.limit = limit
-        self.fds: dict[str, int] = {}
-        for source in counters.counter_files(version):
-            try:
-                self.fds[source] = os.open(os.path.join(directory, source),
-                                           os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                pass  # v2 levels without the memory controller, the v2 root, old kernels
-        try:
-            self.usage_fd: Optional[int] = os.open(
-                os.path.join(directory, FileNames.for_version(version).usage),
-                os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self.usage_fd = None
-        self.oom_efd: Optional[int] = None
-        self.threshold_efds: list[int] = []
-        self.psi_fd: Optional[int] = None
-
-    def read(self) -> dict[str, dict[str, int]]:
-        """The counters of each file that can be read now (a removed cgroup gives ENODEV)."""
-        result = {}
-        for source, fd in self.fds.items():
-            try:
-                found = counters.parse_counters(source, read_fd(fd))
-            except (OSError, ValueError):
-                continue
-            if found:  # an empty read (a file being rewritten) must not become a baseline
-                result[source] = found
-        return result
-
-    def usage(self) -> Optional[int]:
-        if self.usage_fd is None:
-            return None
-        try:
-            return values.parse_counter(os.pread(self.usage_fd, 64, 0))
-        except (OSError, ValueError):
-            return None
-
-    def close_thresholds(self) -> None:
-        close_quietly(*self.threshold_efds)
-        self.threshold_efds = []
-
-    def close(self) -> None:
-        close_quietly(*self.fds.values(), *(fd for fd in (self.usage_fd, self.oom_efd,
-                                                                 self.psi_fd) if fd is not None))
-        self.close_thresholds()
-        self.fds = {}
-        self.usage_fd = self.oom_efd = self.psi_fd = None
+__all__ = ["DEFAULT_PSI_TRIGGER", "Callback", "Event", "Events", "HeadroomAlert", "Item",
+           "Threshold"]
 
 
 class _Alert:
@@ -140,21 +76,10 @@ class _Alert:
         self.below: Optional[bool] = None
 
 
-_all_events: weakref.WeakSet[Events] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for events in list(_all_events):
-        events._forget_thread_after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 class Events:
     """Memory events and headroom alerts for the levels of a Monitor (default: the
-    process-wide one), with their own thread. Close it (or use `with`) to stop.
+    process-wide one), served by the process's background thread. Close it (or use `with`)
+    to stop.
 
     `poll_interval`: seconds between reads of counters that have no notification (v1
     `failcnt`, v1 `oom_kill` from a host-wide OOM; everything when inotify is unavailable).
@@ -188,7 +113,7 @@ class Events:
         self.psi_trigger = psi_trigger
         self.dropped = 0
         self._log = EventLog(log_interval) if log else None
-        self._lock = threading.RLock()  # this object's state; never taken by the monitor
+        self._lock = threading.RLock()  # this object's state; never held while calling out
         self._cond = threading.Condition(threading.Lock())
         self._queue: deque[Item] = deque(maxlen=queue_size) if queue_size > 0 else deque()
         self._queue_size = queue_size
@@ -196,17 +121,11 @@ class Events:
         self._alerts: list[_Alert] = []
         self._alert_callbacks: dict[int, Callback] = {}  # id(HeadroomAlert) -> its callback
         self._closed = False
-        self._levels: list[_Level] = []
-        self._version: Optional[int] = None
-        self._seen_snap: object = None
-        self._last: dict[tuple[str, str], dict[str, int]] = {}
-        self._local_seen: dict[tuple[str, str], int] = {}
-        # v2: per counter, rises of lower levels not yet seen at the level above, and since when
-        self._carry: dict[str, tuple[list[int], float]] = {}
-        self._oom_own: dict[str, int] = {}
-        self._notes: dict[str, int] = {}  # v1 OOM notifications drained but not yet scanned
-        self._problems: dict[str, str] = {}  # mechanism -> why it is not in use
-        # Set from other threads (the monitor's, callers'); read by ours after a wake.
+        self._scanner = Scanner(use_eventfd, psi_trigger)
+        self._registered: set[int] = set()  # notification descriptors registered with LOOP
+        self._timer: Optional[Timer] = None
+        self._timer_at: Optional[float] = None
+        # Set from other threads (callers'); read on the loop thread.
         self._scan_requested = False
         self._check_requested = False
         self._rearm = False
@@ -214,27 +133,19 @@ class Events:
         now = time.monotonic()
         self._next_poll = now + poll_interval
         self._next_check = now
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_inheritable(fd, False)
-            os.set_blocking(fd, False)
         with self._lock:
-            self._resync()  # the baseline: read now, before anything is reported
+            self._scanner.resync(monitor.layout())  # the baseline: before anything is reported
             self._arm()
-        monitor._add_change_hook(self._on_changes)
-        with monitor._lock:
-            monitor._reload_hooks.append(self._on_reload)
-        monitor._add_target_hook(self._targets)
+        self._subscription = monitor.subscribe(self._on_change, files=self._watch_files)
+        at_fork_in_child(self._after_fork_in_child)
         # A change between the baseline and the first watch raised no event: look once more.
         self._scan_requested = True
-        _all_events.add(self)
-        self._thread = threading.Thread(target=self._run, name="cgwatch-events", daemon=True)
-        self._thread.start()
+        self._kick()
 
     # ---- receiving -----------------------------------------------------------------------
 
     def subscribe(self, callback: Callback) -> None:
-        """Call `callback(item)` for every Event and HeadroomAlert, on the events thread."""
+        """Call `callback(item)` for every Event and HeadroomAlert, on the background thread."""
         with self._lock:
             self._callbacks = [*self._callbacks, callback]
 
@@ -258,7 +169,7 @@ class Events:
             self._alerts.append(_Alert(spec, callback))
             self._rearm = True
             self._check_requested = True
-        self._wake()
+        self._kick()
         return spec
 
     def get(self, timeout: Optional[float] = None) -> Optional[Item]:
@@ -288,9 +199,9 @@ class Events:
         with self._lock:
             if self._closed:
                 return []
-            self._drain_ooms()
+            self._scanner.drain_ooms()
             self._scan_requested = False  # this scan answers any request pending
-            items: list[Item] = list(self._scan(time.monotonic()))
+            items: list[Item] = list(self._scanner.scan(time.monotonic()))
         self._deliver(items)
         return items
 
@@ -299,167 +210,106 @@ class Events:
         with self._lock:
             return {"events": self._events_mechanism(), "alerts": self._alerts_mechanism()}
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Stop: release the notification descriptors and the subscription; iteration ends."""
         with self._lock:
-            if self._closed and not self._levels:
+            if self._closed and not self._scanner.levels:
                 return
             self._closed = True
-        self._wake()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self.monitor._remove_hooks(self._on_changes, self._on_reload, self._targets)
-        with self._lock:
-            for lvl in self._levels:
-                lvl.close()
-            self._levels = []
+            self._release()
+        self._subscription.close()
         with self._cond:
             self._cond.notify_all()
-        # The wake pipe stays open until the object is collected: the monitor's thread may be
-        # calling a hook of ours right now, and must not write into a reused descriptor.
 
-    def __del__(self) -> None:
-        try:
-            close_quietly(self._wake_r, self._wake_w)
-        except AttributeError:
-            pass  # __init__ did not get that far
+    def _release(self) -> None:
+        for fd in self._registered:
+            LOOP.unregister(fd)
+        self._registered = set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._scanner.close()
 
     def __enter__(self) -> Events:
         return self
 
-    def _forget_thread_after_fork(self) -> None:
-        """In a fork child: no thread, and the parent's thread may have held our locks."""
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(threading.Lock())
-        self._closed = True  # the parent keeps the registrations; the child's copy is closed
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- hooks called by the monitor (its thread, maybe under its lock): flag and wake -------
-
-    def _on_changes(self, changes: list[Change]) -> None:
-        if any(c.target.kind == "events" for c in changes):
-            self._scan_requested = True
-            self._check_requested = True
-        self._wake()
-
-    def _on_reload(self) -> None:
-        self._wake()
-
-    def _targets(self) -> list[Target]:
-        """inotify targets for the monitor: v2 memory.events(.local) of every level. Reads the
-        monitor's snapshot, not our state, so it never waits for our lock."""
+    def __del__(self) -> None:
+        # No lock here (a collection can run this inside any critical section): close our
+        # descriptors and wake the loop, which drops the dead registrations itself.
         try:
-            snap = self.monitor._snap
-            res = snap.resolution
-            if not isinstance(res, discovery.Resolved) or res.version != 2:
-                return []
-            return [Target(path, "events", index)
-                    for index, lvl in enumerate(snap.levels)
-                    for source in counters.counter_files(2)
-                    for path in [os.path.join(lvl.directory, source)]
-                    if os.path.exists(path)]
-        except Exception:  # noqa: BLE001 - runs inside the monitor's re-watch
-            return []
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (OSError, ValueError):
+            if self._timer is not None:
+                self._timer.cancel()
+            self._scanner.close()
+            LOOP.wake()
+        except Exception:  # noqa: BLE001 - interpreter shutdown, or __init__ did not finish
             pass
 
-    # ---- the thread ----------------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        """In a fork child: the copy is closed; its descriptors are the parent's registrations
+        (only our copies are closed) and its subscription is detached."""
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = True
+        self._registered = set()
+        self._timer = None
+        self._scanner.forget_descriptors()
+        self._subscription.detach()
 
-    def _run(self) -> None:
-        while not self._closed:
-            try:
-                items = self._turn()
-            except Exception:  # noqa: BLE001 - the thread must outlive any one bad reading
-                log.exception("cgwatch: events thread error (continuing)")
-                time.sleep(0.1)
-                continue
-            self._deliver(items)
+    # ---- what the monitor and the loop call (the loop thread) ------------------------------
 
-    def _turn(self) -> list[Item]:
-        """Block until something is due or ready, then read and check: what to deliver."""
+    def _watch_files(self, layout: Layout) -> list[str]:
+        """inotify targets for the monitor: v2 memory.events(.local) of every level."""
+        if layout.version != 2:
+            return []
+        return [f"{lvl.directory}/{source}" for lvl in layout.levels
+                for source in (names.EVENTS, names.EVENTS_LOCAL)]
+
+    def _on_change(self, change: Change) -> None:
+        if change.kind == "files":
+            self._scan_requested = True
+            self._check_requested = True
+        self._turn()
+
+    def _on_ready(self, fd: int, revents: int) -> None:
         with self._lock:
             if self._closed:
-                return []
-            watched = self._poll_fds()
-            timeout = self._timeout(time.monotonic())
-            wake_r = self._wake_r
-        poller = select.poll()
-        poller.register(wake_r, select.POLLIN)
-        for fd, (what, _) in watched.items():
-            poller.register(fd, select.POLLPRI if what == "psi" else select.POLLIN)
-        try:
-            ready = poller.poll(None if timeout is None else timeout * 1000)
-        except OSError:
-            ready = []
-        with self._lock:
-            if self._closed:
-                return []
-            self._handle_ready(ready, watched)
-            return self._step(time.monotonic())
-
-    def _poll_fds(self) -> dict[int, tuple[str, _Level]]:
-        fds: dict[int, tuple[str, _Level]] = {}
-        for lvl in self._levels:
-            if lvl.oom_efd is not None:
-                fds[lvl.oom_efd] = ("oom", lvl)
-            for fd in lvl.threshold_efds:
-                fds[fd] = ("threshold", lvl)
-            if lvl.psi_fd is not None:
-                fds[lvl.psi_fd] = ("psi", lvl)
-        return fds
-
-    def _timeout(self, now: float) -> Optional[float]:
-        if self._scan_requested or self._rearm or self._check_requested:
-            return 0.0
-        deadlines = list(self._rescans)
-        if self._needs_poll():
-            deadlines.append(self._next_poll)
-        if self._alerts:
-            deadlines.append(self._next_check)
-        return max(0.0, min(deadlines) - now) if deadlines else None
-
-    def _needs_poll(self) -> bool:
-        if not self._levels:
-            return False
-        return self._version == 1 or self.monitor.status.mode != WATCHING
-
-    def _handle_ready(self, ready: list[tuple[int, int]],
-                      watched: dict[int, tuple[str, _Level]]) -> None:
-        now = time.monotonic()
-        for fd, mask in ready:
-            if fd == self._wake_r:
-                try:
-                    os.read(fd, 4096)
-                except OSError:
-                    pass
-                continue
-            what, lvl = watched[fd]
-            if what == "oom" and lvl.oom_efd == fd:
-                self._notes[lvl.directory] = (self._notes.get(lvl.directory, 0)
-                                              + notify.drain_eventfd(fd))
+                return
+            what = self._scanner.on_ready(fd, revents)
+            if what == "oom":
                 # Scan now, so the `oom` event goes out at once; the kernel notifies before it
                 # kills, so read again while the kill lands.
+                now = time.monotonic()
                 self._scan_requested = True
-                self._rescans = sorted(self._rescans + [now + d for d in _OOM_RESCANS])
+                self._rescans = sorted(self._rescans + [now + d for d in OOM_RESCANS])
+            if what:
                 self._check_requested = True
-            elif what == "threshold" and fd in lvl.threshold_efds:
-                notify.drain_eventfd(fd)
-                self._check_requested = True
-            elif what == "psi" and lvl.psi_fd == fd:
-                if mask & (select.POLLERR | select.POLLNVAL):
-                    close_quietly(fd)  # the cgroup went away; re-armed on resync
-                    lvl.psi_fd = None
-                self._check_requested = True
+        self._turn()
+
+    def _kick(self) -> None:
+        LOOP.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        """Read and check what is due, deliver it, and schedule the next turn."""
+        with self._lock:
+            if self._closed:
+                return
+            now = time.monotonic()
+            items = self._step(now)
+            self._sync_registrations()
+            self._schedule(time.monotonic())
+        self._deliver(items)
 
     def _step(self, now: float) -> list[Item]:
-        if self._resync():
+        if self._scanner.resync(self.monitor.layout()):
             self._rearm = True
         if self._rearm:
             self._rearm = False
@@ -473,7 +323,7 @@ class Events:
             self._rescans = [t for t in self._rescans if t > now]
             if poll_due:
                 self._next_poll = now + self.poll_interval
-            found = self._scan(now)
+            found = self._scanner.scan(now)
             items.extend(found)
             if found:
                 self._check_requested = True
@@ -483,176 +333,46 @@ class Events:
             items.extend(self._check_alerts(now))
         return items
 
-    # ---- levels, baselines and notification descriptors (under self._lock) -------------------
-
-    def _resync(self) -> bool:
-        """Follow the monitor's levels (moved, limits changed, cgroup removed); True if they
-        changed. A level seen for the first time gets a baseline, never events."""
-        snap = self.monitor._snap
-        if snap is self._seen_snap:
-            return False
-        self._seen_snap = snap
-        res = snap.resolution
-        version = res.version if isinstance(res, discovery.Resolved) else None
-        wanted = [(lvl.cgroup_path, lvl.directory, lvl.limit) for lvl in snap.levels] \
-            if version is not None else []
-        if version == self._version and wanted == [
-                (lvl.cgroup_path, lvl.directory, lvl.limit) for lvl in self._levels]:
-            return False
-        old = {lvl.directory: lvl for lvl in self._levels} if version == self._version else {}
-        for lvl in self._levels:
-            if lvl.directory not in old:
-                lvl.close()
-        fresh: list[_Level] = []
-        for index, (cgroup_path, directory, limit) in enumerate(wanted):
-            lvl_or_none = old.pop(directory, None)
-            if lvl_or_none is None:
-                assert version is not None
-                lvl = _Level(index, cgroup_path, directory, limit, version)
-                self._take_baseline(lvl)
-            else:
-                lvl = lvl_or_none
-                lvl.index, lvl.cgroup_path, lvl.limit = index, cgroup_path, limit
-            fresh.append(lvl)
-        for lvl in old.values():
-            lvl.close()
-            self._forget(lvl.directory)
-        self._levels = fresh
-        self._version = version
-        return True
-
-    def _take_baseline(self, lvl: _Level) -> None:
-        self._forget(lvl.directory)
-        for source, current in lvl.read().items():
-            self._last[(lvl.directory, source)] = current
-            if source == names.EVENTS_LOCAL:
-                for counter, value in current.items():
-                    self._local_seen[(lvl.directory, counter)] = value
-
-    def _forget(self, directory: str) -> None:
-        for table in (self._last, self._local_seen):
-            for key in [k for k in table if k[0] == directory]:
-                del table[key]
-        self._oom_own.pop(directory, None)
-        self._notes.pop(directory, None)
-
     def _arm(self) -> None:
-        """(Re)register the notification descriptors the current levels and alerts need."""
-        if self._version == 1:
-            self._arm_v1()
-        elif self._version == 2:
-            self._arm_v2()
+        # Two lines per alert: the drop below, and the climb back above the re-arm line.
+        lines = [line for a in self._alerts if a.bytes is not None
+                 for line in (a.bytes, a.bytes + a.spec.rearm_margin(a.bytes))]
+        self._scanner.arm(lines, want_psi=bool(self._alerts))
 
-    def _arm_v1(self) -> None:
-        self._problems.pop("eventfd", None)
-        limits = [lvl.limit for lvl in self._levels]
-        # Two per alert and level: the drop below, and the climb back above the re-arm line.
-        thresholds = [usage_thresholds(limits, line) for a in self._alerts
-                      if a.bytes is not None
-                      for line in (a.bytes, a.bytes + a.spec.rearm_margin(a.bytes))]
-        for lvl in self._levels:
-            lvl.close_thresholds()
-            if lvl.limit is None or not self.use_eventfd:
-                if lvl.oom_efd is not None:
-                    close_quietly(lvl.oom_efd)
-                    lvl.oom_efd = None
-                continue
-            try:
-                if lvl.oom_efd is None:
-                    lvl.oom_efd = notify.register_v1(lvl.directory, "memory.oom_control")
-                for per_level in thresholds:
-                    usage = per_level[lvl.index]
-                    if usage is not None:
-                        lvl.threshold_efds.append(notify.register_v1(
-                            lvl.directory, "memory.usage_in_bytes", str(usage)))
-            except OSError as e:
-                self._problems["eventfd"] = (f"eventfd registration at {lvl.cgroup_path} "
-                                             f"failed: {e.strerror or e}")
-        if not self.use_eventfd:
-            self._problems["eventfd"] = "eventfd notifications disabled by the caller"
+    def _sync_registrations(self) -> None:
+        wanted = self._scanner.descriptors()
+        for fd in self._registered - set(wanted):
+            LOOP.unregister(fd)
+        for fd, (_, events) in wanted.items():
+            if fd not in self._registered:
+                LOOP.register(fd, events, self._on_ready)
+        self._registered = set(wanted)
 
-    def _arm_v2(self) -> None:
-        self._problems.pop("psi", None)
-        for lvl in self._levels:
-            wanted = bool(self._alerts and self.psi_trigger and lvl.limit is not None)
-            if not wanted and lvl.psi_fd is not None:
-                close_quietly(lvl.psi_fd)
-                lvl.psi_fd = None
-            if wanted and lvl.psi_fd is None:
-                try:
-                    lvl.psi_fd = notify.psi_trigger(lvl.directory, self.psi_trigger)
-                except OSError as e:
-                    self._problems["psi"] = (f"PSI trigger at {lvl.cgroup_path} failed: "
-                                             f"{e.strerror or e}")
+    def _schedule(self, now: float) -> None:
+        if self._scan_requested or self._rearm or self._check_requested:
+            self._kick()
+            return
+        deadlines = list(self._rescans)
+        if self._needs_poll():
+            deadlines.append(self._next_poll)
+        if self._alerts:
+            deadlines.append(self._next_check)
+        when = min(deadlines) if deadlines else None
+        if when == self._timer_at and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = when
+        if when is not None:
+            self._timer = LOOP.call_at(when, self._turn)
 
-    def _drain_ooms(self) -> None:
-        for lvl in self._levels:
-            if lvl.oom_efd is not None:
-                self._notes[lvl.directory] = (self._notes.get(lvl.directory, 0)
-                                              + notify.drain_eventfd(lvl.oom_efd))
+    def _needs_poll(self) -> bool:
+        if not self._scanner.levels:
+            return False
+        return self._scanner.version == 1 or self.monitor.status.mode != WATCHING
 
-    # ---- reading counters and checking alerts (under self._lock) --------------------------------
-
-    def _scan(self, now: float) -> list[Event]:
-        version = self._version
-        if version is None or not self._levels:
-            return []
-        reads = [lvl.read() for lvl in self._levels]
-        rose: list[tuple[int, str, str, int, int]] = []
-        if version == 1:
-            # First, so an OOM reads in its order: the OOM, then the kill it led to.
-            counts = [self._notes.pop(lvl.directory, 0) if lvl.oom_efd is not None else None
-                      for lvl in self._levels]
-            for lvl, own in zip(self._levels, counters.attribute_notifications(counts)):
-                if own:
-                    old = self._oom_own.get(lvl.directory, 0)
-                    self._oom_own[lvl.directory] = old + own
-                    rose.append((lvl.index, counters.EVENTFD, "oom", old, old + own))
-        for lvl, read in zip(self._levels, reads):
-            for source, current in read.items():
-                key = (lvl.directory, source)
-                before = self._last.get(key)
-                self._last[key] = current
-                if before is None:
-                    continue  # the file was unreadable until now: this is its baseline
-                rose.extend((lvl.index, source, c, old, new)
-                            for c, old, new in counters.rises(before, current))
-        propagated: dict[str, list[bool]] = {}
-        if version == 2:
-            deltas: dict[str, list[int]] = {}
-            for index, source, counter, old, new in rose:
-                if source == names.EVENTS:
-                    deltas.setdefault(counter, [0] * len(self._levels))[index] = new - old
-            # The kernel raises a counter level by level, so one kill can be split over two
-            # scans: what a lower level rose by is carried to the next scan for a while.
-            for counter in set(deltas) | set(self._carry):
-                carried, since = self._carry.pop(counter, ([], now))
-                if now - since > _CARRY_SECONDS or len(carried) != len(self._levels):
-                    carried = []
-                marks, carry = counters.propagated_across_scans(
-                    deltas.get(counter, [0] * len(self._levels)), carried)
-                propagated[counter] = marks
-                if any(carry):
-                    self._carry[counter] = (carry, since if carried else now)
-        usages: dict[int, Optional[int]] = {}
-        found = []
-        for index, source, counter, old, new in rose:
-            if source == names.EVENTS_LOCAL:
-                continue  # folded into the memory.events event of the same level and counter
-            lvl = self._levels[index]
-            if index not in usages:
-                usages[index] = lvl.usage()
-            local_old = local_new = None
-            local = reads[index].get(names.EVENTS_LOCAL)
-            if local is not None and counter in local:
-                local_old = self._local_seen.get((lvl.directory, counter), local[counter])
-                local_new = local[counter]
-                self._local_seen[(lvl.directory, counter)] = local_new
-            flags = propagated.get(counter)
-            found.append(Event(lvl.cgroup_path, lvl.directory, index, counter, old, new,
-                               lvl.limit, usages[index], now, source, version, local_old,
-                               local_new, bool(flags and flags[index])))
-        return found
+    # ---- alerts ------------------------------------------------------------------------------
 
     def _check_alerts(self, now: float) -> list[HeadroomAlert]:
         available = self.monitor.available_memory()
@@ -692,9 +412,7 @@ class Events:
         """The smallest limit at or above an event's level, and the path where it is."""
         if not isinstance(item, Event):
             return None
-        limited = [(lvl.limit, lvl.cgroup_path) for lvl in self._levels[item.level:]
-                   if lvl.limit is not None]
-        return min(limited) if limited else None
+        return self._scanner.limit_above(item.level)
 
     def _deliver(self, items: list[Item]) -> None:
         for item in items:
@@ -722,25 +440,30 @@ class Events:
     # ---- descriptions ----------------------------------------------------------------------------
 
     def _events_mechanism(self) -> str:
-        if self._version is None:
+        version = self._scanner.version
+        if version is None:
             return "none: no memory cgroup (host values only)"
-        if self._version == 2:
-            if self.monitor.status.mode == WATCHING:
+        status = self.monitor.status
+        if version == 2:
+            if status.mode == WATCHING:
                 return "inotify on memory.events and memory.events.local of every level"
             return (f"memory.events polled every {self.poll_interval:g}s (no inotify: "
-                    f"{self.monitor.status.reason})")
-        limited = sum(1 for lvl in self._levels if lvl.oom_efd is not None)
+                    f"{status.reason})")
+        limited = sum(1 for lvl in self._scanner.levels if lvl.oom_efd is not None)
         polled = f"memory.oom_control and memory.failcnt polled every {self.poll_interval:g}s"
-        if "eventfd" in self._problems:
-            return f"{polled} ({self._problems['eventfd']})"
+        problems = self._scanner.problems
+        if "eventfd" in problems:
+            return f"{polled} ({problems['eventfd']})"
         return f"memory.oom_control OOM eventfd on {limited} limited level(s); {polled}"
 
     def _alerts_mechanism(self) -> str:
         every = f"checked every {self.check_interval:g}s"
-        if self._version == 1 and "eventfd" not in self._problems:
+        version = self._scanner.version
+        problems = self._scanner.problems
+        if version == 1 and "eventfd" not in problems:
             return f"usage threshold eventfds on the limited levels, and {every}"
-        if self._version == 2 and self.psi_trigger and "psi" not in self._problems:
+        if version == 2 and self.psi_trigger and "psi" not in problems:
             return (f"PSI trigger '{self.psi_trigger}' on memory.pressure of the limited "
                     f"levels and memory.events changes wake a check, and {every}")
-        problem = "; ".join(self._problems.values())
+        problem = "; ".join(problems.values())
         return every + (f" ({problem})" if problem else "")

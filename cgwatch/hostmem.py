@@ -1,8 +1,10 @@
-"""Host-wide memory: MemTotal and MemAvailable, and a cheap lower bound on MemAvailable.
+"""Internal. Host-wide memory: MemTotal and MemAvailable, and a cheap lower bound on
+MemAvailable.
 
-Reads <root>/proc/meminfo through a kept descriptor; where there is no /proc (not Linux) it
-asks psutil. The lower bound lets available_memory() skip the meminfo read when a cgroup level
-is certainly tighter than the host (see `HostMemory.available_lower_bound`).
+Reads <root>/proc/meminfo through the process's kept descriptor (kept.py); where there is no
+/proc (not Linux) it asks psutil. The lower bound lets available_memory() skip the meminfo
+read when a cgroup level is certainly tighter than the host (see
+`HostMemory.available_lower_bound`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Callable, Optional
 
 import psutil
 
-from . import values
+from . import names, values
 from .files import read_fd, read_file, under_root
+from .kept import KeptDir, kept_dir
 
 log = logging.getLogger("cgwatch")
 
@@ -31,28 +34,42 @@ def _sysinfo_free_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * _PAGE_SIZE
 
 
+def _sysinfo_total_bytes() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * _PAGE_SIZE
+
+
 class HostMemory:
     """Host RAM figures for one root; `source` says where they come from."""
 
     def __init__(self, root: str = "/", free_bytes: Optional[Callable[[], int]] = None) -> None:
         self.root = root
         self.fd = -1
+        self._kept: Optional[KeptDir] = None  # holds self.fd open
         self.source = "psutil"
         self.reason = ""
         self.total = 0
         self.reserve_bound = -1  # bytes; -1 while the lower bound is not usable
         self._free_bytes = free_bytes
-        path = under_root(root, "/proc/meminfo")
+        self.path = path = under_root(root, names.MEMINFO)
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            kept = kept_dir(os.path.dirname(path), check=False)
+            self.fd = kept.fd(os.path.basename(path))
+            self._kept = kept
             self.total = values.find_meminfo_value(read_fd(self.fd), b"MemTotal")
             self.source = "meminfo"
         except (OSError, ValueError) as e:
             self.reason = f"{path} unusable ({e}); host values from psutil"
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
-            self.total = int(_psutil_virtual_memory().total)
+            self.fd = -1
+            self._kept = None
+            try:
+                self.total = int(_psutil_virtual_memory().total)
+            except OSError as e2:
+                # psutil reads /proc/meminfo too; with no descriptor left (EMFILE) only
+                # sysinfo(2), which needs none, can answer.
+                self.source = "sysinfo"
+                self.reason = f"{path} unusable ({e}), psutil too ({e2}); host values " \
+                              "from sysinfo(2)"
+                self.total = _sysinfo_total_bytes()
         self.refresh_bound()
 
     def refresh_bound(self) -> None:
@@ -67,7 +84,7 @@ class HostMemory:
                 return
             self._free_bytes = _sysinfo_free_bytes
         try:
-            text = read_file(under_root(self.root, "/proc/zoneinfo"))
+            text = read_file(under_root(self.root, names.ZONEINFO))
             # Doubled, for the time until the next refresh: the kernel recomputes
             # totalreserve_pages on every watermark change (__setup_per_zone_wmarks() and
             # setup_per_zone_lowmem_reserve() call calculate_totalreserve_pages()), so it can
@@ -81,10 +98,20 @@ class HostMemory:
             self.reserve_bound = -1
 
     def available(self) -> int:
-        """Host MemAvailable in bytes (psutil's figure where there is no meminfo)."""
+        """Host MemAvailable in bytes (psutil's figure where there is no meminfo; free pages
+        when neither can be read)."""
         if self.fd >= 0:
             return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
-        return int(_psutil_virtual_memory().available)
+        try:
+            if self.source == "meminfo":  # closed: read it anew each time
+                with open(self.path, "rb") as f:
+                    return values.find_meminfo_value(f.read(), b"MemAvailable")
+            if self.source == "psutil":
+                return int(_psutil_virtual_memory().available)
+        except OSError:
+            pass
+        # Free pages alone: never above MemAvailable (which adds reclaimable cache to them).
+        return _sysinfo_free_bytes()
 
     def available_lower_bound(self) -> int:
         """A value certainly <= MemAvailable right now, or -1 when none is known.
@@ -98,12 +125,10 @@ class HostMemory:
         return self._free_bytes() - self.reserve_bound
 
     def close(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = -1
+        """Let go of the kept descriptor (closed when its last user lets go); available()
+        then opens meminfo for each call."""
+        self.fd = -1
+        self._kept = None
 
 
 def _meminfo_is_virtual() -> bool:

@@ -1,8 +1,10 @@
-"""Read the cgroup tree from disk: resolve the process's directory and build its levels.
+"""Internal. Read the cgroup tree from disk: resolve the process's directory and build its
+levels.
 
 This is the I/O edge for cgroup files. A level is one directory on the path from the
 process's memory cgroup up to the top of the visible hierarchy; each carries its hard limit
-and, when it has one, descriptors kept open for the files the hot path re-reads.
+and the process's shared `KeptDir` of that directory (kept.py), where the limited levels
+have their usage and memory.stat descriptors opened at once (the hot path reads them).
 """
 
 from __future__ import annotations
@@ -11,32 +13,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from . import discovery, values
-from .files import close_quietly, read_file, under_root
+from . import discovery, names, values
+from .files import read_file, under_root
+from .kept import KeptDir, kept_dir
 from .names import FileNames
-
-
-class KeptFiles:
-    """Open descriptors for a limited level's usage and memory.stat files.
-
-    Closed when the last snapshot that references it is dropped (not when a newer snapshot is
-    published), so a query still holding an older snapshot never reads a reused descriptor.
-    """
-
-    __slots__ = ("usage_fd", "stat_fd", "__weakref__")
-
-    def __init__(self, directory: str, names: FileNames) -> None:
-        self.usage_fd = -1
-        self.stat_fd = -1
-        self.usage_fd = os.open(os.path.join(directory, names.usage), os.O_RDONLY | os.O_CLOEXEC)
-        self.stat_fd = os.open(os.path.join(directory, "memory.stat"), os.O_RDONLY | os.O_CLOEXEC)
-
-    def close(self) -> None:
-        close_quietly(self.usage_fd, self.stat_fd)
-        self.usage_fd = self.stat_fd = -1
-
-    def __del__(self) -> None:
-        self.close()
 
 
 @dataclass(frozen=True)
@@ -47,7 +27,12 @@ class Level:
     directory: str
     limit: Optional[int]
     problem: Optional[str] = None  # why the limit could not be read, if so
-    kept: Optional[KeptFiles] = field(default=None, compare=False, repr=False)
+    kept: Optional[KeptDir] = field(default=None, compare=False, repr=False)
+
+    def read(self, name: str) -> bytes:
+        """A file of this level through the process's kept descriptor (raises OSError)."""
+        kept = self.kept if self.kept is not None else kept_dir(self.directory)
+        return kept.read(name)
 
 
 def v2_has_memory(root: str) -> Callable[[str], bool]:
@@ -55,7 +40,7 @@ def v2_has_memory(root: str) -> Callable[[str], bool]:
 
     def check(mount_point: str) -> bool:
         try:
-            text = read_file(os.path.join(under_root(root, mount_point), "cgroup.controllers"))
+            text = read_file(os.path.join(under_root(root, mount_point), names.CONTROLLERS))
         except OSError:
             return False
         return "memory" in text.split()
@@ -67,13 +52,15 @@ def resolve_process(root: str) -> tuple[discovery.Resolution, str]:
     """Resolve the process's memory cgroup under `root`; also return the /proc/self/cgroup text
     so the caller can later tell whether the process moved."""
     try:
-        proc_cgroup = read_file(under_root(root, "/proc/self/cgroup"))
+        proc_cgroup = read_file(under_root(root, names.PROC_CGROUP))
     except OSError as e:
-        return discovery.Unresolved(f"cannot read /proc/self/cgroup: {e.strerror or e}"), ""
+        return discovery.Unresolved(f"cannot read /proc/self/cgroup: {e.strerror or e}",
+                                    transient=True), ""
     try:
-        mountinfo = read_file(under_root(root, "/proc/self/mountinfo"))
+        mountinfo = read_file(under_root(root, names.PROC_MOUNTINFO))
     except OSError as e:
-        return discovery.Unresolved(f"cannot read /proc/self/mountinfo: {e.strerror or e}"), \
+        return discovery.Unresolved(f"cannot read /proc/self/mountinfo: {e.strerror or e}",
+                                    transient=True), \
             proc_cgroup
     return discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(root)), proc_cgroup
 
@@ -96,7 +83,7 @@ def _v1_parent_accounts_children(directory: str) -> bool:
     """v1 with use_hierarchy=0 (old kernels) does not charge children to the parent, so its
     limit does not bind them. Missing file: hierarchical (v2, or kernels that dropped it)."""
     try:
-        return read_file(os.path.join(directory, "memory.use_hierarchy")).strip() != "0"
+        return read_file(os.path.join(directory, names.USE_HIERARCHY)).strip() != "0"
     except OSError:
         return True
 
@@ -106,13 +93,14 @@ def build_levels(
     resolved: discovery.Resolved,
     previous: tuple[Level, ...] = (),
 ) -> tuple[Level, ...]:
-    """Read every level's limit and keep descriptors for the limited ones.
+    """Read every level's limit; open the usage and memory.stat descriptors of the limited
+    ones (shared per directory with every other user in the process, kept.py).
 
-    Descriptors already open for a level in `previous` are reused, so a limit change does not
-    reopen files. Raises OSError only if the process's own directory is gone.
+    Raises OSError only if the process's own directory is gone. `previous` is accepted for
+    the caller's convenience: descriptors are shared through kept.py, so nothing is reopened.
     """
-    names = FileNames.for_version(resolved.version)
-    reuse = {lvl.directory: lvl.kept for lvl in previous if lvl.kept is not None}
+    del previous
+    fnames = FileNames.for_version(resolved.version)
     levels = []
     for index, (cgroup_path, shown_dir) in enumerate(level_paths(resolved)):
         directory = under_root(root, shown_dir)
@@ -120,24 +108,22 @@ def build_levels(
             raise FileNotFoundError(f"cgroup directory {directory} does not exist")
         if index > 0 and resolved.version == 1 and not _v1_parent_accounts_children(directory):
             break
+        kept = kept_dir(directory)
         limit: Optional[int] = None
         problem: Optional[str] = None
         try:
-            limit = values.parse_limit(read_file(os.path.join(directory, names.limit)),
-                                       resolved.version)
+            limit = values.parse_limit(kept.read(fnames.limit), resolved.version)
         except FileNotFoundError:
             # v2: no memory.max where the memory controller is not enabled, and never at the
             # root. Such a level has no limit and no usage of its own to read.
             pass
         except (OSError, ValueError) as e:
-            problem = f"{names.limit} at {cgroup_path}: {e}"
-        kept = None
+            problem = f"{fnames.limit} at {cgroup_path}: {e}"
         if limit is not None:
-            kept = reuse.get(directory)
-            if kept is None:
-                try:
-                    kept = KeptFiles(directory, names)
-                except OSError as e:
-                    problem = f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
+            try:
+                kept.fd(fnames.usage)
+                kept.fd(names.STAT)
+            except OSError as e:
+                problem = f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
         levels.append(Level(cgroup_path, directory, limit, problem, kept))
     return tuple(levels)

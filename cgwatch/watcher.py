@@ -1,4 +1,5 @@
-"""The inotify side of the monitor: one inotify fd, a set of watches tagged with their meaning.
+"""Internal. The inotify side of the monitor: one inotify fd, a set of watches tagged with
+their meaning.
 
 Kept apart from the monitor so the failure cases (no inotify, ENOSPC when the watch limit is
 reached, EMFILE when the instance limit is) become one exception carrying a readable reason.
@@ -22,7 +23,7 @@ class Target(NamedTuple):
     """What to watch and what it means to the monitor."""
 
     path: str
-    kind: str  # "limit", "dir", "events", ...
+    kind: str  # "limit", "dir" or "files" (asked for by a subscriber)
     level_index: int  # which level (0 = the process's own cgroup)
 
 
@@ -52,7 +53,7 @@ if inotify_simple is not None:
     FLAGS: Any = inotify_simple.flags
     MASKS = {
         "limit": FLAGS.MODIFY | FLAGS.DELETE_SELF,
-        "events": FLAGS.MODIFY | FLAGS.DELETE_SELF,
+        "files": FLAGS.MODIFY | FLAGS.DELETE_SELF,  # a subscriber's (v2 memory.events)
         "dir": FLAGS.DELETE | FLAGS.DELETE_SELF | FLAGS.ONLYDIR,
     }
 

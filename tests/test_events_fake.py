@@ -251,13 +251,11 @@ def test_queue_keeps_the_newest(tree: Tree, opened: list[Any]) -> None:
 def test_iteration_ends_on_close_and_hooks_are_removed(tree: Tree, opened: list[Any]) -> None:
     events = start(opened, tree)
     monitor = events.monitor
-    assert monitor._target_hooks or tree.version == 1
+    assert monitor.subscriptions == 1
     events.close()
     assert list(events) == []
     assert events.get(timeout=0.01) is None
-    assert events._on_changes not in monitor._change_hooks
-    assert events._on_reload not in monitor._reload_hooks
-    assert events._targets not in monitor._target_hooks
+    assert monitor.subscriptions == 0  # detached from the monitor
     events.close()  # twice is fine
 
 
@@ -321,14 +319,22 @@ def test_fork_child_gets_a_closed_copy(tree: Tree, opened: list[Any]) -> None:
     import os
 
     events = start(opened, tree)
+    monitor = events.monitor
+    assert monitor.subscriptions == 1
     pid = os.fork()
-    if pid == 0:  # the child: no thread here, so the copy must say it is closed
-        ok = events.get(timeout=0.01) is None and events._closed
+    if pid == 0:  # the child: no close() here; the copy must already be closed and detached
+        code = 1
         try:
-            events.close()
+            ok = events.get(timeout=0.01) is None and events.closed
+            detached = monitor.subscriptions == 0
+            # The child's own changes reach neither the copy nor the parent's thread.
+            tree.set("/a/b/c", oom_kill=5)
+            monitor.total_memory()
+            code = 0 if ok and detached and events.get(timeout=0.05) is None else 1
         finally:
-            os._exit(0 if ok else 1)
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    tree.set("/a/b/c", oom_kill=1)  # the parent's copy still works
-    assert wait_for(events, is_event("oom_kill")).new == 1
+    tree.set("/a/b/c", oom_kill=7)  # the parent's copy still works
+    assert wait_for(events, is_event("oom_kill")).new in (5, 7)
+    assert monitor.subscriptions == 1

@@ -1,0 +1,169 @@
+"""Internal. The immutable snapshot queries answer from, its status, and the reads that do
+not use the hot path: the per-level table (`read_levels`) and the uncached answer.
+
+A snapshot is published whole (one attribute store), so a query sees the old state or the
+new one, never a mix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+from . import discovery, names, values
+from .hostmem import HostMemory
+from .names import FileNames
+from .tree import Level
+
+WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
+POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
+HOST = "host"  # no usable memory cgroup: host values (MemTotal / MemAvailable)
+
+
+@dataclass(frozen=True)
+class Status:
+    """How the monitor gets its answers, and why."""
+
+    mode: str  # WATCHING, POLLING or HOST
+    reason: str  # why not WATCHING (empty when all is well), or a problem with a level
+    version: Optional[int]  # cgroup version of the memory hierarchy, None without one
+    cgroup_path: Optional[str]  # the process's path inside the hierarchy
+    directory: Optional[str]  # where that path's files were found
+    host_source: str  # "meminfo" or "psutil"
+    # time.monotonic() when /proc/self/cgroup last said the process is still in cgroup_path
+    confirmed_at: Optional[float] = None
+    thread: bool = False  # the background thread serves this monitor now
+
+
+@dataclass(frozen=True)
+class LevelInfo:
+    """One level as it is now, for display and diagnosis (read live, not the hot path)."""
+
+    cgroup_path: str
+    directory: str
+    limit: Optional[int]
+    usage: Optional[int]
+    inactive_file: Optional[int]
+    headroom: Optional[int]  # limit - (usage - inactive_file), None without a limit
+    binds_total: bool  # this level's limit is total_memory()
+    binds_available: bool  # this level's headroom is available_memory()
+    problem: Optional[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
+LimitedLevel = tuple[Optional[int], int, int, int, bytes]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    total: int
+    # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
+    # hot path needs (None: "usage not read yet", see Monitor.available_memory)
+    limited: tuple[LimitedLevel, ...]
+    levels: tuple[Level, ...]
+    host: HostMemory
+    status: Status
+    resolution: discovery.Resolution
+    expires: Optional[float]  # None: kept exact by inotify; else re-read after this time
+    # epoll.poll(0) over the inotify descriptor: a query drains pending changes first when it
+    # says something is queued (read-your-writes). None: nothing to drain.
+    pending: Optional[Callable[[float], list[tuple[int, int]]]] = None
+    # True: the loop thread alone keeps it (Monitor(fresh=False)); the query checks nothing
+    trusted: bool = False
+    generation: int = 0  # rises with every re-resolve (not with a limit change)
+
+
+def headroom(limit: int, usage: int, inactive_file: int) -> int:
+    """limit - working set, where the working set leaves out reclaimable inactive page cache
+    (the kubelet's definition) and is never negative."""
+    working_set = usage - inactive_file
+    return limit - working_set if working_set > 0 else limit
+
+
+def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, mode: str,
+         reason: str, expires: Optional[float], generation: int) -> Snapshot:
+    """The snapshot of resolved levels; `reason` is the watch state's (problems of the levels
+    are added here)."""
+    # The hot path searches memory.stat for the whole line start "\n<key> ".
+    key = b"\n" + FileNames.for_version(res.version).inactive_key + b" "
+    usage_name = FileNames.for_version(res.version).usage
+    limited = []
+    for lvl in levels:
+        if lvl.limit is not None and lvl.kept is not None and lvl.kept.has(usage_name) \
+                and lvl.kept.has(names.STAT):
+            limited.append((None, lvl.limit, lvl.kept.fd(usage_name), lvl.kept.fd(names.STAT),
+                            key))
+    total = min([host.total] + [lvl.limit for lvl in levels if lvl.limit is not None])
+    problems = [lvl.problem for lvl in levels if lvl.problem]
+    reason = "; ".join(r for r in (reason, *problems) if r)
+    status = Status(mode, reason, res.version, res.cgroup_path, res.directory, host.source)
+    return Snapshot(total, tuple(limited), levels, host, status, res, expires,
+                    generation=generation)
+
+
+def host_only(res: discovery.Unresolved, host: HostMemory, generation: int) -> Snapshot:
+    status = Status(HOST, res.reason, None, None, None, host.source)
+    return Snapshot(host.total, (), (), host, status, res, None, generation=generation)
+
+
+def without_descriptors(snap: Snapshot, reason: str, expires: float) -> Snapshot:
+    """The same levels with no kept descriptor (a closed monitor): answers are read anew."""
+    levels = tuple(replace(lvl, kept=None) for lvl in snap.levels)
+    status = replace(snap.status, mode=POLLING if snap.levels else snap.status.mode,
+                     reason=reason)
+    return replace(snap, limited=(), levels=levels, status=status, expires=expires,
+                   pending=None, trusted=False)
+
+
+def read_levels(snap: Snapshot) -> list[LevelInfo]:
+    """Every level from the process's cgroup to the top, read now, with the binding marks."""
+    res = snap.resolution
+    if not isinstance(res, discovery.Resolved):
+        return []
+    fnames = FileNames.for_version(res.version)
+    reads = []
+    for lvl in snap.levels:
+        usage = inactive = room = None
+        problem = lvl.problem
+        try:
+            usage = values.parse_counter(lvl.read(fnames.usage))
+            inactive = values.find_stat_value(lvl.read(names.STAT), fnames.inactive_key)
+        except FileNotFoundError:
+            pass  # v2 levels without the memory controller (and the root) have no usage
+        except (OSError, ValueError) as e:
+            problem = problem or str(e)
+        if lvl.limit is not None and usage is not None and inactive is not None:
+            room = headroom(lvl.limit, usage, inactive)
+        reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
+                               room, False, False, problem))
+    limits = [r.limit for r in reads if r.limit is not None]
+    total_binder = min(limits) if limits and min(limits) < snap.host.total else None
+    rooms = [r.headroom for r in reads if r.headroom is not None]
+    room_binder = min(rooms) if rooms else None
+    result = []
+    for info in reads:
+        # Only the first (deepest) of equal levels is marked as binding.
+        binds_total = total_binder is not None and info.limit == total_binder
+        binds_available = room_binder is not None and info.headroom == room_binder
+        if binds_total:
+            total_binder = None
+        if binds_available:
+            room_binder = None
+        result.append(replace(info, binds_total=binds_total, binds_available=binds_available))
+    return result
+
+
+def uncached_available(snap: Snapshot) -> int:
+    """available_memory() from fresh reads of every level, never above total: what a closed
+    monitor and the error path answer. A level whose memory.stat cannot be read counts as
+    limit - usage (never above the truth)."""
+    rooms = [snap.total, snap.host.available()]
+    for info in read_levels(snap):
+        if info.headroom is not None:
+            rooms.append(info.headroom)
+        elif info.limit is not None and info.usage is not None:
+            rooms.append(info.limit - info.usage)
+    return max(0, min(rooms))
