@@ -13,10 +13,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Optional
+from typing import Any, Optional
 
 from cgwatch import discovery, tree
 
@@ -207,3 +208,33 @@ def measured_headroom(directory: str, version: int) -> int:
     usage = int(read(os.path.join(directory, names[1])))
     stat = dict(line.split() for line in read(os.path.join(directory, "memory.stat")).splitlines())
     return limit - max(0, usage - int(stat[names[2]]))
+
+
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_child.py")
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Probe:
+    """A Monitor running inside a cgroup, in a child process."""
+
+    def __init__(self, tree: Tree, cgroup: str, migration: float = 5.0,
+                 env: Optional[dict[str, str]] = None) -> None:
+        env = dict(os.environ, PROBE_MIGRATION=str(migration), **(env or {}))
+        self.proc = tree.spawn(cgroup, f"import runpy; runpy.run_path({PROBE!r}, "
+                                       "run_name='__main__')",
+                               stdin=subprocess.PIPE, env=env)
+        assert self._read() == {"ready": True}
+
+    def _read(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"probe died: {err}")
+        return json.loads(line)
+
+    def ask(self, **request: Any) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()

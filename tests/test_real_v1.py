@@ -13,40 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.cgroup_helpers import MiB, Tree, cgroup_tree, writable_reason
+from tests.cgroup_helpers import PROJECT, MiB, Probe, Tree, cgroup_tree, writable_reason
 
 REASON = writable_reason()
 pytestmark = [pytest.mark.realkernel,
               pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
-
-PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_child.py")
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Probe:
-    """A Monitor running inside a cgroup, in a child process."""
-
-    def __init__(self, tree: Tree, cgroup: str, migration: float = 5.0) -> None:
-        env = dict(os.environ, PROBE_MIGRATION=str(migration))
-        self.proc = tree.spawn(cgroup, f"import runpy; runpy.run_path({PROBE!r}, "
-                                       "run_name='__main__')",
-                               stdin=subprocess.PIPE, env=env)
-        assert self._read() == {"ready": True}
-
-    def _read(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"probe died: {err}")
-        return json.loads(line)
-
-    def ask(self, **request: Any) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:
