@@ -51,8 +51,8 @@ from .event import Event
 from .eventlog import EventLog
 from .loop import LOOP, Timer, at_fork_in_child
 from .scanner import OOM_RESCANS, Scanner
+from .seam import Change, Layout
 from .snapshot import WATCHING
-from .tracker import Change, Layout
 
 if TYPE_CHECKING:
     from .monitor import Monitor

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from . import values
 from .files import READ_SIZE
+from .seam import Change, Layout, Subscription
 from .snapshot import (
     HOST,
     POLLING,
@@ -32,7 +33,7 @@ from .snapshot import (
     read_levels,
     uncached_available,
 )
-from .tracker import Change, Layout, Subscription, Tracker
+from .tracker import Tracker
 
 __all__ = ["HOST", "POLLING", "WATCHING", "Change", "Layout", "LevelInfo", "Monitor",
            "Status", "Subscription", "headroom"]

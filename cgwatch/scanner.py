@@ -20,7 +20,7 @@ from . import counters, names, notify, values
 from .event import Event
 from .files import close_quietly
 from .names import FileNames
-from .tracker import Layout
+from .seam import Layout
 from .tree import Level
 
 # How long a lower level's rise may wait to show at its parent (the kernel raises them

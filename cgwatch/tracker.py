@@ -22,70 +22,25 @@ import os
 import select
 import threading
 import time
-import weakref
 from dataclasses import replace
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
-from . import discovery, names, snapshot, tree, values
+from . import discovery, names, snapshot, tree
 from .files import read_file, under_root
 from .hostmem import HostMemory
 from .kept import KeptDir, kept_dir
 from .loop import LOOP, Timer, at_fork_in_child
-from .names import FileNames
+from .seam import Change, Layout, Subscription
 from .snapshot import HOST, POLLING, WATCHING, Snapshot
 from .tree import Level
 from .watcher import Change as WatchChange
-from .watcher import Target, TargetGone, Watcher, WatchUnavailable
+from .watcher import Target, TargetGone, WatchUnavailable
+from .watching import LevelWatch, level_removed, watch_targets
 
 log = logging.getLogger("cgwatch")
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
 RETRY_INTERVAL = 1.0  # seconds between retries of what failed (inotify, the thread, a resolve)
-
-
-class Layout(NamedTuple):
-    """The resolved levels, read-only: what the events layer and the exporter build on."""
-
-    version: Optional[int]  # None: no memory cgroup (host values)
-    levels: tuple[Level, ...]  # leaf first; Level.read(name) reads a file of that level
-    generation: int  # rises with every re-resolve
-
-
-class Change(NamedTuple):
-    """What a subscriber is told: `kind` is "layout" (re-resolved: levels may differ),
-    "limits" (a limit changed) or "files" (a file it asked to watch changed: `paths`)."""
-
-    kind: str
-    layout: Layout
-    paths: tuple[str, ...] = ()
-
-
-class Subscription:
-    """A subscriber's hold on a monitor; close() detaches it (also done in a fork child)."""
-
-    def __init__(self, tracker: Tracker, callback: Callable[[Change], None],
-                 files: Optional[Callable[[Layout], list[str]]]) -> None:
-        # Weak: the tracker holds its subscriptions, and a cycle would outlive a dropped monitor
-        self._tracker: Optional[weakref.ref[Tracker]] = weakref.ref(tracker)
-        self.callback = callback
-        self.files = files
-
-    @property
-    def active(self) -> bool:
-        return self._tracker is not None and self._tracker() is not None
-
-    def close(self) -> None:
-        ref, self._tracker = self._tracker, None
-        tracker = ref() if ref is not None else None
-        if tracker is not None:
-            tracker.unsubscribe(self)
-
-    def detach(self) -> None:
-        self._tracker = None
-
-    def deliver(self, change: Change) -> None:
-        if self._tracker is not None:
-            self.callback(change)
 
 
 class Tracker:
@@ -107,10 +62,7 @@ class Tracker:
         self._reported: set[str] = set()
         self._proc_text = b""
         self._proc_self: Optional[KeptDir] = None
-        self._watcher: Optional[Watcher] = None
-        # epoll, not poll: a select.poll object refuses concurrent poll() calls (RuntimeError),
-        # and queries from several threads check it at once. epoll_wait(0) is ~0.2 us.
-        self._poller: Optional[select.epoll] = None
+        self._watch = LevelWatch()
         self._loop_fd = -1  # the watcher descriptor registered with the loop
         self._timer: Optional[Timer] = None
         self._watch_problem = ""
@@ -139,7 +91,7 @@ class Tracker:
                         self._reread_limits()
                     self.due = 0.0
                     return self.snap
-                if self._watcher is not None:
+                if self._watch.active:
                     self._drain()
                 if now >= self._next_confirm:
                     self._confirm(now)
@@ -178,7 +130,7 @@ class Tracker:
         sub = Subscription(self, callback, files)
         with self.lock:
             self._subs = [*self._subs, sub]
-            if files is not None and self._watcher is not None and not self._start_watching():
+            if files is not None and self._watch.active and not self._start_watching():
                 self.reload("the cgroup tree changed while it was being watched")
             self._attach_loop()
         return sub
@@ -186,7 +138,7 @@ class Tracker:
     def unsubscribe(self, sub: Subscription) -> None:
         with self.lock:
             self._subs = [s for s in self._subs if s is not sub]
-            if sub.files is not None and self._watcher is not None \
+            if sub.files is not None and self._watch.active \
                     and not self._start_watching():
                 self.reload("the cgroup tree changed while it was being watched")
             self._attach_loop()
@@ -235,12 +187,7 @@ class Tracker:
         self.applying = False
         self._loop_fd = -1
         self._timer = None
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None
-        # Not closed here: a query may still hold the snapshot whose `pending` is its poll();
-        # it closes when the last such snapshot is dropped (and watches nothing meanwhile).
-        self._poller = None
+        self._watch.forget_after_fork()
         self._proc_self = None
         for sub in self._subs:
             sub.detach()
@@ -294,7 +241,7 @@ class Tracker:
         for lvl in lvls:
             if lvl.problem:
                 self.report(lvl.problem)
-        if self._watcher is not None:
+        if self._watch.active:
             mode, reason = WATCHING, self._loop_problem
             expires = None
         else:
@@ -304,8 +251,8 @@ class Tracker:
         snap = snapshot.make(res, lvls, host, mode, reason, expires, self._generation)
         if mode == WATCHING and not self.fresh and self.thread and LOOP.running():
             snap = replace(snap, trusted=True)
-        elif self._poller is not None:
-            snap = replace(snap, pending=self._poller.poll)
+        elif self._watch.pending is not None:
+            snap = replace(snap, pending=self._watch.pending)
         return snap
 
     def _republish(self) -> None:
@@ -348,54 +295,31 @@ class Tracker:
         res = snap.resolution
         if not isinstance(res, discovery.Resolved):
             return True
-        try:
-            lvls = tree.build_levels(self.root, res)
-        except OSError:
+        lvls = tree.reread_limits(self.root, res, snap.levels)
+        if lvls is None:
             return False
-        # A limit that cannot be read right now (a writer truncated the file and has not
-        # written yet, say) keeps its last good value rather than vanishing from the min.
-        old = {lvl.directory: lvl for lvl in snap.levels}
-        lvls = tuple(
-            replace(lvl, limit=old[lvl.directory].limit)
-            if lvl.problem and lvl.directory in old and old[lvl.directory].limit is not None
-            else lvl
-            for lvl in lvls
-        )
         if self.closed:
+            total = min([snap.host.total] + [lvl.limit for lvl in lvls if lvl.limit is not None])
             self.snap = snapshot.without_descriptors(
-                replace(snap, levels=lvls, total=min([snap.host.total] + [
-                    lvl.limit for lvl in lvls if lvl.limit is not None])),
-                "monitor closed", time.monotonic() + self.poll_interval)
+                replace(snap, levels=lvls, total=total), "monitor closed",
+                time.monotonic() + self.poll_interval)
             return True
         self.snap = self._publishable(res, lvls, snap.host)
         return True
 
     def _reload_changed_limits(self, targets: list[Target]) -> None:
-        """Re-read only the limit files that raised an event, each with one pread(2) through
-        its kept descriptor, and publish. Anything unusual (unreadable, a level that becomes
-        limited and has no usage descriptors yet) takes the full re-read."""
+        """Re-read only the limit files that raised an event (tree.changed_limits); anything
+        unusual takes the full re-read."""
         snap = self.snap
         res = snap.resolution
         if not isinstance(res, discovery.Resolved):
             return
-        limit_name = FileNames.for_version(res.version).limit
-        lvls = list(snap.levels)
-        for target in targets:
-            index = target.level_index
-            if not (0 <= index < len(lvls)
-                    and os.path.dirname(target.path) == lvls[index].directory):
-                self._reload_limits()  # the levels changed under the watch: re-read all
-                return
-            lvl = lvls[index]
-            try:
-                limit = values.parse_limit(lvl.read(limit_name), res.version)
-            except (OSError, ValueError):
-                limit = -1
-            if limit == -1 or (limit is not None and lvl.limit is None) or lvl.problem:
-                self._reload_limits()
-                return
-            lvls[index] = replace(lvl, limit=limit)
-        self.snap = self._publishable(res, tuple(lvls), snap.host)
+        lvls = tree.changed_limits(snap.levels, [(t.level_index, t.path) for t in targets],
+                                   res.version)
+        if lvls is None:
+            self._reload_limits()
+        else:
+            self.snap = self._publishable(res, lvls, snap.host)
 
     def _confirm(self, now: float) -> None:
         """Is the process still in the cgroup it was resolved in? (3-4 us: one pread.)"""
@@ -416,12 +340,12 @@ class Tracker:
         if self.closed:
             return False
         return bool(self._loop_problem or self._resolve_failed
-                    or (self.use_inotify and self._watcher is None
+                    or (self.use_inotify and not self._watch.active
                         and self.snap.status.mode != HOST))
 
     def _retry(self, now: float) -> None:
         self._retry_at = now + RETRY_INTERVAL
-        if self._resolve_failed or (self.use_inotify and self._watcher is None):
+        if self._resolve_failed or (self.use_inotify and not self._watch.active):
             self.reload("retrying what failed")  # the limits may have been raised or freed
         else:
             self._attach_loop()
@@ -450,34 +374,6 @@ class Tracker:
             return False
         return self._reread_limits()
 
-    def _targets(self) -> list[Target]:
-        snap = self.snap
-        res = snap.resolution
-        if not isinstance(res, discovery.Resolved):
-            return []
-        limit_name = FileNames.for_version(res.version).limit
-        targets = []
-        for index, lvl in enumerate(snap.levels):
-            limit_path = os.path.join(lvl.directory, limit_name)
-            if os.path.exists(limit_path):
-                targets.append(Target(limit_path, "limit", index))
-            if index > 0:
-                # rmdir of a cgroup raises no event on its own files on some kernels (seen on
-                # 6.18, v1), only IN_DELETE in the parent directory: watch parents for that.
-                targets.append(Target(lvl.directory, "dir", index))
-        layout = self.layout()
-        for sub in self._subs:
-            if sub.files is None:
-                continue
-            try:
-                paths = sub.files(layout)
-            except Exception:  # noqa: BLE001 - a subscriber's list must not stop the watch
-                paths = []
-            # A file that does not exist (v2 memory.events at the root, or where the memory
-            # controller is off) is not watched; it appears only with a re-resolve anyway.
-            targets.extend(Target(path, "files", -1) for path in paths if os.path.exists(path))
-        return targets
-
     def _start_watching(self) -> bool:
         """Point inotify at the current levels, creating the watcher if it is missing (so a
         watch limit hit earlier is retried on every re-resolve). False if a path vanished
@@ -487,20 +383,9 @@ class Tracker:
             return True
         if self.closed:
             return True
-        if self._watcher is None:
-            try:
-                self._watcher = Watcher()
-            except WatchUnavailable as e:
-                self._fall_back_to_polling(str(e))
-                return True
-            try:
-                self._poller = select.epoll(1)
-                self._poller.register(self._watcher.fileno(), select.EPOLLIN)
-            except OSError as e:
-                self._fall_back_to_polling(f"cannot create an epoll descriptor: {e}")
-                return True
         try:
-            self._watcher.replace(self._targets())
+            self._watch.start()
+            self._watch.replace(watch_targets(self.layout(), self._subs))
         except TargetGone:
             return False
         except WatchUnavailable as e:
@@ -521,22 +406,16 @@ class Tracker:
         if self._loop_fd >= 0:
             LOOP.unregister(self._loop_fd)
             self._loop_fd = -1
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None
-        # Not closed here: a query may still hold the snapshot whose `pending` is its poll();
-        # it closes when the last such snapshot is dropped (and watches nothing meanwhile).
-        self._poller = None
+        self._watch.stop()
 
     def _drain(self) -> None:
         """Read and apply every queued inotify change (non-blocking; nothing queued is cheap)."""
-        watcher = self._watcher
-        if watcher is None:
+        if not self._watch.active:
             return
         self.applying = True
         try:
             try:
-                changes, rebuild = watcher.read()
+                changes, rebuild = self._watch.read()
             except OSError as e:
                 self._fall_back_to_polling(f"reading inotify failed: {e}")
                 return
@@ -546,12 +425,7 @@ class Tracker:
             self.applying = False
 
     def _apply(self, changes: list[WatchChange], rebuild: bool) -> None:
-        lvls = self.snap.levels
-        # A "dir" watch sits on level i; only the removal of level i-1 (our path) matters
-        # there, not a sibling's.
-        removed = any(c.target.kind == "dir" and 0 < c.target.level_index < len(lvls)
-                      and c.name == os.path.basename(lvls[c.target.level_index - 1].directory)
-                      for c in changes)
+        removed = level_removed(changes, self.layout())
         limits = [c.target for c in changes if c.target.kind == "limit"]
         if rebuild or removed:
             self.reload("a watched cgroup was removed or the event queue overflowed")
@@ -571,7 +445,7 @@ class Tracker:
             self._detach_loop()
             self._loop_problem = ""
             return
-        fd = self._watcher.fileno() if self._watcher is not None else -1
+        fd = self._watch.fileno()
         if fd != self._loop_fd:
             if self._loop_fd >= 0:
                 LOOP.unregister(self._loop_fd)

@@ -10,7 +10,7 @@ have their usage and memory.stat descriptors opened at once (the hot path reads 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from . import discovery, names, values
@@ -127,3 +127,44 @@ def build_levels(
                 problem = f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
         levels.append(Level(cgroup_path, directory, limit, problem, kept))
     return tuple(levels)
+
+
+def reread_limits(root: str, resolved: discovery.Resolved,
+                  old: tuple[Level, ...]) -> Optional[tuple[Level, ...]]:
+    """The known levels with freshly read limits; None if the process's directory is gone.
+
+    A limit that cannot be read right now (a writer truncated the file and has not written
+    yet, say) keeps its last good value rather than vanishing from the minimum."""
+    try:
+        fresh = build_levels(root, resolved)
+    except OSError:
+        return None
+    known = {lvl.directory: lvl for lvl in old}
+    return tuple(
+        replace(lvl, limit=known[lvl.directory].limit)
+        if lvl.problem and lvl.directory in known and known[lvl.directory].limit is not None
+        else lvl
+        for lvl in fresh
+    )
+
+
+def changed_limits(levels: tuple[Level, ...], changed: list[tuple[int, str]],
+                   version: int) -> Optional[tuple[Level, ...]]:
+    """The levels with only the limit files that raised an event re-read, each with one
+    pread(2) through its kept descriptor: (level index, path) pairs. None when the full
+    re-read is needed instead (the levels changed under the watch, a file is unreadable, a
+    level becomes limited and has no usage descriptors yet)."""
+    limit_name = FileNames.for_version(version).limit
+    lvls = list(levels)
+    for index, path in changed:
+        if not (0 <= index < len(lvls) and os.path.dirname(path) == lvls[index].directory):
+            return None
+        lvl = lvls[index]
+        try:
+            limit = values.parse_limit(lvl.read(limit_name), version)
+        except (OSError, ValueError):
+            return None
+        if (limit is not None and lvl.limit is None) or lvl.problem:
+            return None
+        lvls[index] = replace(lvl, limit=limit)
+    return tuple(lvls)

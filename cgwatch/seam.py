@@ -1,0 +1,57 @@
+"""The public seam of a monitor: what layers built on it (the events layer, an exporter)
+get from `Monitor.layout()` and `Monitor.subscribe()`."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+
+from .tree import Level
+
+if TYPE_CHECKING:
+    from .tracker import Tracker
+
+
+class Layout(NamedTuple):
+    """The resolved levels, read-only: what the events layer and the exporter build on."""
+
+    version: Optional[int]  # None: no memory cgroup (host values)
+    levels: tuple[Level, ...]  # leaf first; Level.read(name) reads a file of that level
+    generation: int  # rises with every re-resolve
+
+
+class Change(NamedTuple):
+    """What a subscriber is told: `kind` is "layout" (re-resolved: levels may differ),
+    "limits" (a limit changed) or "files" (a file it asked to watch changed: `paths`)."""
+
+    kind: str
+    layout: Layout
+    paths: tuple[str, ...] = ()
+
+
+class Subscription:
+    """A subscriber's hold on a monitor; close() detaches it (also done in a fork child)."""
+
+    def __init__(self, tracker: Tracker, callback: Callable[[Change], None],
+                 files: Optional[Callable[[Layout], list[str]]]) -> None:
+        # Weak: the tracker holds its subscriptions, and a cycle would outlive a dropped monitor
+        self._tracker: Optional[weakref.ref[Tracker]] = weakref.ref(tracker)
+        self.callback = callback
+        self.files = files
+
+    @property
+    def active(self) -> bool:
+        return self._tracker is not None and self._tracker() is not None
+
+    def close(self) -> None:
+        ref, self._tracker = self._tracker, None
+        tracker = ref() if ref is not None else None
+        if tracker is not None:
+            tracker.unsubscribe(self)
+
+    def detach(self) -> None:
+        self._tracker = None
+
+    def deliver(self, change: Change) -> None:
+        if self._tracker is not None:
+            self.callback(change)
