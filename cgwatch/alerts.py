@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from .units import human_bytes
 
@@ -135,3 +135,63 @@ def usage_thresholds(limits: Sequence[Optional[int]], threshold: int) -> list[Op
     itself is at most the threshold (then the periodic check is all there is)."""
     return [limit - threshold if limit is not None and limit > threshold else None
             for limit in limits]
+
+
+class AlertState:
+    """One `Events.alert_below()` threshold and where it stands."""
+
+    def __init__(self, spec: Threshold, callback: Optional[Callable[[Any], None]]) -> None:
+        self.spec = spec
+        self.callback = callback
+        self.bytes: Optional[int] = None  # the threshold in bytes at the last check
+        self.below: Optional[bool] = None  # the state after the last check
+
+
+class _LevelLike(Protocol):
+    """What a check needs of a level (Monitor.levels() gives LevelInfo)."""
+
+    @property
+    def cgroup_path(self) -> str: ...
+    @property
+    def limit(self) -> Optional[int]: ...
+    @property
+    def usage(self) -> Optional[int]: ...
+    @property
+    def headroom(self) -> Optional[int]: ...
+
+
+def check_alerts(alerts: Sequence[AlertState], available: int, total: int, now: float,
+                 levels: Callable[[], Sequence[_LevelLike]],
+                 ) -> tuple[list[tuple[AlertState, HeadroomAlert]], bool]:
+    """One check of every alert against available_memory() and total_memory(): the alerts
+    that fired, and whether a threshold in bytes moved (v1 usage eventfds sit at
+    limit - threshold, so they must be re-armed). `levels` (Monitor.levels) is read only
+    when an alert fires, to name the level with the least headroom."""
+    fired = []
+    rearm = False
+    for alert in alerts:
+        threshold = alert.spec.bytes_for(total)
+        if threshold != alert.bytes:
+            alert.bytes = threshold
+            rearm = True
+        below, report = crossing(alert.below, available, threshold,
+                                 alert.spec.rearm_margin(threshold))
+        alert.below = below
+        if report:
+            path, limit, usage = least_headroom(levels(), available)
+            fired.append((alert, HeadroomAlert(below, threshold, alert.spec.describe(),
+                                               available, total, path, limit, usage, now)))
+    return fired, rearm
+
+
+def least_headroom(levels: Sequence[_LevelLike], available: int,
+                   ) -> tuple[Optional[str], Optional[int], Optional[int]]:
+    """(path, limit, usage) of the level whose headroom is `available`; Nones when the host's
+    MemAvailable is what binds (lower than every level's headroom by over 1 MiB)."""
+    infos = [i for i in levels if i.headroom is not None]
+    if not infos:
+        return None, None, None
+    best = min(infos, key=lambda i: i.headroom if i.headroom is not None else 0)
+    if best.headroom is not None and best.headroom > available + (1 << 20):
+        return None, None, None
+    return best.cgroup_path, best.limit, best.usage

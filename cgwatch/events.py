@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from . import names
-from .alerts import HeadroomAlert, Threshold, crossing
+from .alerts import AlertState, HeadroomAlert, Threshold, check_alerts
 from .event import Event
 from .eventlog import EventLog
 from .loop import LOOP, Timer, at_fork_in_child
@@ -66,14 +66,6 @@ Callback = Callable[[Any], None]
 
 __all__ = ["DEFAULT_PSI_TRIGGER", "Callback", "Event", "Events", "HeadroomAlert", "Item",
            "Threshold"]
-
-
-class _Alert:
-    def __init__(self, spec: Threshold, callback: Optional[Callback]) -> None:
-        self.spec = spec
-        self.callback = callback
-        self.bytes: Optional[int] = None
-        self.below: Optional[bool] = None
 
 
 class Events:
@@ -118,7 +110,7 @@ class Events:
         self._queue: deque[Item] = deque(maxlen=queue_size) if queue_size > 0 else deque()
         self._queue_size = queue_size
         self._callbacks: list[Callback] = []
-        self._alerts: list[_Alert] = []
+        self._alerts: list[AlertState] = []
         self._alert_callbacks: dict[int, Callback] = {}  # id(HeadroomAlert) -> its callback
         self._closed = False
         self._scanner = Scanner(use_eventfd, psi_trigger)
@@ -166,7 +158,7 @@ class Events:
         else:
             spec = Threshold.parse(threshold)
         with self._lock:
-            self._alerts.append(_Alert(spec, callback))
+            self._alerts.append(AlertState(spec, callback))
             self._rearm = True
             self._check_requested = True
         self._kick()
@@ -208,7 +200,10 @@ class Events:
     def mechanisms(self) -> dict[str, str]:
         """How events and headroom alerts are noticed right now, in words."""
         with self._lock:
-            return {"events": self._events_mechanism(), "alerts": self._alerts_mechanism()}
+            status = self.monitor.status
+            return {"events": self._scanner.describe_events(status.mode == WATCHING,
+                                                            status.reason, self.poll_interval),
+                    "alerts": self._scanner.describe_alerts(self.check_interval)}
 
     @property
     def closed(self) -> bool:
@@ -330,7 +325,14 @@ class Events:
         if self._alerts and (self._check_requested or now >= self._next_check):
             self._check_requested = False
             self._next_check = now + self.check_interval
-            items.extend(self._check_alerts(now))
+            fired, rearm = check_alerts(self._alerts, self.monitor.available_memory(),
+                                        self.monitor.total_memory(), now,
+                                        self.monitor.levels)
+            self._rearm = self._rearm or rearm  # v1 usage thresholds sit at limit - threshold
+            for alert, item in fired:
+                if alert.callback is not None:
+                    self._alert_callbacks[id(item)] = alert.callback
+                items.append(item)
         return items
 
     def _arm(self) -> None:
@@ -374,38 +376,6 @@ class Events:
 
     # ---- alerts ------------------------------------------------------------------------------
 
-    def _check_alerts(self, now: float) -> list[HeadroomAlert]:
-        available = self.monitor.available_memory()
-        total = self.monitor.total_memory()
-        found = []
-        for alert in self._alerts:
-            threshold = alert.spec.bytes_for(total)
-            if threshold != alert.bytes:
-                alert.bytes = threshold
-                self._rearm = True  # v1 usage thresholds sit at limit - threshold
-            below, report = crossing(alert.below, available, threshold,
-                                     alert.spec.rearm_margin(threshold))
-            alert.below = below
-            if report:
-                path, limit, usage = self._least_headroom(available)
-                item = HeadroomAlert(below, threshold, alert.spec.describe(), available, total,
-                                     path, limit, usage, now)
-                if alert.callback is not None:
-                    self._alert_callbacks[id(item)] = alert.callback
-                found.append(item)
-        return found
-
-    def _least_headroom(self, available: int) -> tuple[Optional[str], Optional[int],
-                                                       Optional[int]]:
-        """The level whose headroom is `available` (None when the host binds)."""
-        infos = [i for i in self.monitor.levels() if i.headroom is not None]
-        if not infos:
-            return None, None, None
-        best = min(infos, key=lambda i: i.headroom if i.headroom is not None else 0)
-        if best.headroom is not None and best.headroom > available + (1 << 20):
-            return None, None, None  # the host's MemAvailable is lower than every level's
-        return best.cgroup_path, best.limit, best.usage
-
     # ---- delivering -------------------------------------------------------------------------
 
     def limit_above(self, item: Item) -> Optional[tuple[int, str]]:
@@ -436,34 +406,3 @@ class Events:
                     callback(item)
                 except Exception:  # noqa: BLE001 - one bad callback must not stop the others
                     log.exception("cgwatch: event callback %r failed (continuing)", callback)
-
-    # ---- descriptions ----------------------------------------------------------------------------
-
-    def _events_mechanism(self) -> str:
-        version = self._scanner.version
-        if version is None:
-            return "none: no memory cgroup (host values only)"
-        status = self.monitor.status
-        if version == 2:
-            if status.mode == WATCHING:
-                return "inotify on memory.events and memory.events.local of every level"
-            return (f"memory.events polled every {self.poll_interval:g}s (no inotify: "
-                    f"{status.reason})")
-        limited = sum(1 for lvl in self._scanner.levels if lvl.oom_efd is not None)
-        polled = f"memory.oom_control and memory.failcnt polled every {self.poll_interval:g}s"
-        problems = self._scanner.problems
-        if "eventfd" in problems:
-            return f"{polled} ({problems['eventfd']})"
-        return f"memory.oom_control OOM eventfd on {limited} limited level(s); {polled}"
-
-    def _alerts_mechanism(self) -> str:
-        every = f"checked every {self.check_interval:g}s"
-        version = self._scanner.version
-        problems = self._scanner.problems
-        if version == 1 and "eventfd" not in problems:
-            return f"usage threshold eventfds on the limited levels, and {every}"
-        if version == 2 and self.psi_trigger and "psi" not in problems:
-            return (f"PSI trigger '{self.psi_trigger}' on memory.pressure of the limited "
-                    f"levels and memory.events changes wake a check, and {every}")
-        problem = "; ".join(problems.values())
-        return every + (f" ({problem})" if problem else "")

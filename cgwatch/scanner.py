@@ -17,6 +17,7 @@ import select
 from typing import Optional
 
 from . import counters, names, notify, values
+from .alerts import usage_thresholds
 from .event import Event
 from .files import close_quietly
 from .names import FileNames
@@ -174,8 +175,6 @@ class Scanner:
             self._arm_v2(want_psi)
 
     def _arm_v1(self, alert_lines: list[int]) -> None:
-        from .alerts import usage_thresholds
-
         self.problems.pop("eventfd", None)
         limits = [lvl.limit for lvl in self.levels]
         thresholds = [usage_thresholds(limits, line) for line in alert_lines]
@@ -335,3 +334,30 @@ class Scanner:
         limited = [(lvl.limit, lvl.cgroup_path) for lvl in self.levels[level:]
                    if lvl.limit is not None]
         return min(limited) if limited else None
+
+    # ---- descriptions ----------------------------------------------------------------------
+
+    def describe_events(self, watching: bool, reason: str, poll_interval: float) -> str:
+        """How events are noticed right now, in words."""
+        if self.version is None:
+            return "none: no memory cgroup (host values only)"
+        if self.version == 2:
+            if watching:
+                return "inotify on memory.events and memory.events.local of every level"
+            return f"memory.events polled every {poll_interval:g}s (no inotify: {reason})"
+        limited = sum(1 for lvl in self.levels if lvl.oom_efd is not None)
+        polled = f"memory.oom_control and memory.failcnt polled every {poll_interval:g}s"
+        if "eventfd" in self.problems:
+            return f"{polled} ({self.problems['eventfd']})"
+        return f"memory.oom_control OOM eventfd on {limited} limited level(s); {polled}"
+
+    def describe_alerts(self, check_interval: float) -> str:
+        """How headroom alerts are noticed right now, in words."""
+        every = f"checked every {check_interval:g}s"
+        if self.version == 1 and "eventfd" not in self.problems:
+            return f"usage threshold eventfds on the limited levels, and {every}"
+        if self.version == 2 and self.psi_trigger and "psi" not in self.problems:
+            return (f"PSI trigger '{self.psi_trigger}' on memory.pressure of the limited "
+                    f"levels and memory.events changes wake a check, and {every}")
+        problem = "; ".join(self.problems.values())
+        return every + (f" ({problem})" if problem else "")
