@@ -37,6 +37,7 @@ __all__ = [
     "Threshold",
     "available_memory",
     "default_monitor",
+    "set_default_monitor",
     "total_memory",
 ]
 __version__ = "0.1.0"
@@ -55,6 +56,16 @@ def default_monitor() -> Monitor:
                 _default = Monitor()
             monitor = _default
     return monitor
+
+
+def set_default_monitor(monitor: Optional[Monitor]) -> Optional[Monitor]:
+    """Put `monitor` behind the module functions (None: a new default is made on next use),
+    e.g. `set_default_monitor(Monitor(thread=False))`; returns the one it replaces, which the
+    caller may close."""
+    global _default
+    with _default_lock:
+        previous, _default = _default, monitor
+    return previous
 
 
 def total_memory() -> int:

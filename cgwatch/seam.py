@@ -4,12 +4,9 @@ get from `Monitor.layout()` and `Monitor.subscribe()`."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from .tree import Level
-
-if TYPE_CHECKING:
-    from .tracker import Tracker
 
 
 class Layout(NamedTuple):
@@ -32,26 +29,29 @@ class Change(NamedTuple):
 class Subscription:
     """A subscriber's hold on a monitor; close() detaches it (also done in a fork child)."""
 
-    def __init__(self, tracker: Tracker, callback: Callable[[Change], None],
+    def __init__(self, unsubscribe: Callable[[Subscription], None],
+                 callback: Callable[[Change], None],
                  files: Optional[Callable[[Layout], list[str]]]) -> None:
-        # Weak: the tracker holds its subscriptions, and a cycle would outlive a dropped monitor
-        self._tracker: Optional[weakref.ref[Tracker]] = weakref.ref(tracker)
+        # `unsubscribe` is a bound method of the monitor's tracker, held weakly: the tracker
+        # holds its subscriptions, and a cycle would outlive a dropped monitor.
+        self._unsubscribe: Optional[weakref.WeakMethod[Callable[[Subscription], None]]] = \
+            weakref.WeakMethod(unsubscribe)
         self.callback = callback
         self.files = files
 
     @property
     def active(self) -> bool:
-        return self._tracker is not None and self._tracker() is not None
+        return self._unsubscribe is not None and self._unsubscribe() is not None
 
     def close(self) -> None:
-        ref, self._tracker = self._tracker, None
-        tracker = ref() if ref is not None else None
-        if tracker is not None:
-            tracker.unsubscribe(self)
+        ref, self._unsubscribe = self._unsubscribe, None
+        unsubscribe = ref() if ref is not None else None
+        if unsubscribe is not None:
+            unsubscribe(self)
 
     def detach(self) -> None:
-        self._tracker = None
+        self._unsubscribe = None
 
     def deliver(self, change: Change) -> None:
-        if self._tracker is not None:
+        if self._unsubscribe is not None:
             self.callback(change)

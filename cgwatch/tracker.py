@@ -127,7 +127,7 @@ class Tracker:
 
     def subscribe(self, callback: Callable[[Change], None],
                   files: Optional[Callable[[Layout], list[str]]] = None) -> Subscription:
-        sub = Subscription(self, callback, files)
+        sub = Subscription(self.unsubscribe, callback, files)
         with self.lock:
             self._subs = [*self._subs, sub]
             if files is not None and self._watch.active and not self._start_watching():

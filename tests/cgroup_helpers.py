@@ -7,13 +7,13 @@ Works for v1 (this machine) and v2 (the VM tier).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -302,17 +302,19 @@ def test_eventfd(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
         os.close(fd)
 
 
-def test_default_monitor_is_used(tree: Tree, opened: list[Any],
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_monitor_is_used(tree: Tree, opened: list[Any]) -> None:
     import cgwatch
 
     # A fake-tree monitor in the default's place: a real default would outlive the test.
     monitor = Monitor(tree.host.root)
     opened.append(monitor)
-    monkeypatch.setattr(cgwatch, "_default", monitor)
-    with cgwatch.Events(log=False) as events:
-        assert events.monitor is monitor
-        assert set(events.mechanisms()) == {"events", "alerts"}
+    previous = cgwatch.set_default_monitor(monitor)
+    try:
+        with cgwatch.Events(log=False) as events:
+            assert events.monitor is monitor
+            assert set(events.mechanisms()) == {"events", "alerts"}
+    finally:
+        cgwatch.set_default_monitor(previous)
 
 
 def test_fork_child_gets_a_closed_copy(tree: Tree, opened: list[Any]) -> None:

@@ -158,8 +158,7 @@ def test_queries_with_no_descriptor_left_answer_and_recover(host: FakeHost) -> N
                 hog.append(os.open("/dev/null", os.O_RDONLY))
         except OSError:
             pass
-        # No descriptor left: the first query of the module functions makes the monitor.
-        cgwatch._default = None
+        # No descriptor left when the monitor is made.
         m = Monitor({host.root!r})
         starved = [m.total_memory(), m.available_memory(), m.status.mode]
         for fd in hog:
