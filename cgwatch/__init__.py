@@ -13,7 +13,17 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Optional
 
-from .monitor import HOST, POLLING, WATCHING, LevelInfo, Monitor, Status
+from .monitor import (
+    HOST,
+    POLLING,
+    WATCHING,
+    Change,
+    Layout,
+    LevelInfo,
+    Monitor,
+    Status,
+    Subscription,
+)
 
 if TYPE_CHECKING:
     from .alerts import HeadroomAlert, Threshold
@@ -28,12 +38,15 @@ __all__ = [
     "HOST",
     "POLLING",
     "WATCHING",
+    "Change",
     "Event",
     "Events",
     "HeadroomAlert",
+    "Layout",
     "LevelInfo",
     "Monitor",
     "Status",
+    "Subscription",
     "Threshold",
     "available_memory",
     "default_monitor",

@@ -2,7 +2,7 @@
 as values delivered to callbacks, a queue and the log; plus headroom alerts (alerts.py).
 
     with cgwatch.Events() as events:          # watches the default monitor's levels
-        events.subscribe(print)               # runs on the events thread, never on queries
+        events.subscribe(print)               # runs on the background thread, never on queries
         events.alert_below("512M")            # or "10%" of total_memory()
         for item in events:                   # Event or HeadroomAlert, until close()
             ...

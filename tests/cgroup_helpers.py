@@ -223,9 +223,9 @@ class Probe:
         self.proc = tree.spawn(cgroup, f"import runpy; runpy.run_path({PROBE!r}, "
                                        "run_name='__main__')",
                                stdin=subprocess.PIPE, env=env)
-        assert self._read() == {"ready": True}
+        assert self.read() == {"ready": True}
 
-    def _read(self) -> Any:
+    def read(self) -> Any:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
@@ -237,4 +237,4 @@ class Probe:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return self._read()
+        return self.read()

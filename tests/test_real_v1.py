@@ -79,7 +79,7 @@ def test_limit_written_from_outside_is_seen_within_100ms(tree: Tree) -> None:
         time.sleep(0.1 if i == 0 else 0.02)  # let the probe start spinning
         written_at = time.monotonic()
         tree.set_limit(ours, limit)
-        reply = probe._read()
+        reply = probe.read()
         assert reply["seen_at"] is not None, f"never saw {limit}: still {reply['total']}"
         latencies.append(reply["seen_at"] - written_at)
     assert max(latencies) < 0.1, latencies
