@@ -26,7 +26,7 @@ from cgwatch import notify
 from cgwatch.event import Event
 from cgwatch.kept import kept_dir
 from cgwatch.scanner import CARRY_SECONDS, Scanner
-from cgwatch.tracker import Layout
+from cgwatch.seam import Layout
 from cgwatch.tree import Level
 
 GiB = 1 << 30
