@@ -127,7 +127,7 @@ class Events:
         self._next_check = now
         with self._lock:
             self._scanner.resync(monitor.layout())  # the baseline: before anything is reported
-            self._arm()
+            self._arm_notifications()
         self._subscription = monitor.subscribe(self._on_change, files=self._watch_files)
         at_fork_in_child(self._after_fork_in_child)
         # A change between the baseline and the first watch raised no event: look once more.
@@ -308,7 +308,7 @@ class Events:
             self._rearm = True
         if self._rearm:
             self._rearm = False
-            self._arm()
+            self._arm_notifications()
             self._check_requested = True
         items: list[Item] = []
         due = [t for t in self._rescans if t <= now]
@@ -335,7 +335,7 @@ class Events:
                 items.append(item)
         return items
 
-    def _arm(self) -> None:
+    def _arm_notifications(self) -> None:
         # Two lines per alert: the drop below, and the climb back above the re-arm line.
         lines = [line for a in self._alerts if a.bytes is not None
                  for line in (a.bytes, a.bytes + a.spec.rearm_margin(a.bytes))]

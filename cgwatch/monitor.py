@@ -240,7 +240,7 @@ class Monitor:
         tracker = self._tracker
         tracker.report(f"reading usage failed ({error!r}); re-resolving")
         try:
-            tracker.reload(f"read error: {error!r}")
+            tracker.resolve_again(f"read error: {error!r}")
             return uncached_available(tracker.snap)
         except Exception as e2:  # noqa: BLE001
             tracker.report(f"fallback read failed too ({e2!r}); answering min(host "

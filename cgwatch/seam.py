@@ -3,9 +3,12 @@ get from `Monitor.layout()` and `Monitor.subscribe()`."""
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Iterator
 from typing import Callable, NamedTuple, Optional
 
+from .loop import LOOP
 from .tree import Level
 
 
@@ -55,3 +58,33 @@ class Subscription:
     def deliver(self, change: Change) -> None:
         if self._unsubscribe is not None:
             self.callback(change)
+
+
+class Subscribers:
+    """A monitor's subscriptions. The list is replaced, never changed in place, so the loop
+    thread may iterate over it while a caller subscribes."""
+
+    def __init__(self) -> None:
+        self._subs: list[Subscription] = []
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def __iter__(self) -> Iterator[Subscription]:
+        return iter(self._subs)
+
+    def add(self, sub: Subscription) -> None:
+        self._subs = [*self._subs, sub]
+
+    def remove(self, sub: Subscription) -> None:
+        self._subs = [s for s in self._subs if s is not sub]
+
+    def notify(self, change: Change) -> None:
+        """Deliver `change` to each subscriber on the loop thread."""
+        for sub in self._subs:
+            LOOP.call_soon(functools.partial(sub.deliver, change))
+
+    def detach_all(self) -> None:
+        for sub in self._subs:
+            sub.detach()
+        self._subs = []

@@ -16,23 +16,19 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import select
 import threading
 import time
 from dataclasses import replace
 from typing import Callable, Optional
 
-from . import discovery, names, snapshot, tree
-from .files import read_file, under_root
+from . import discovery, snapshot, tree
 from .hostmem import HostMemory
-from .kept import KeptDir, kept_dir
-from .loop import LOOP, Timer, at_fork_in_child
-from .seam import Change, Layout, Subscription
+from .loop import LOOP, Presence, at_fork_in_child
+from .seam import Change, Layout, Subscribers, Subscription
 from .snapshot import HOST, POLLING, WATCHING, Snapshot
-from .tree import Level
+from .tree import Level, ProcCgroup
 from .watcher import Change as WatchChange
 from .watcher import Target, TargetGone, WatchUnavailable
 from .watching import LevelWatch, level_removed, watch_targets
@@ -60,22 +56,20 @@ class Tracker:
         self.confirmed_at: Optional[float] = None
         self._pid = os.getpid()
         self._reported: set[str] = set()
-        self._proc_text = b""
-        self._proc_self: Optional[KeptDir] = None
+        self._proc = ProcCgroup(root)
         self._watch = LevelWatch()
-        self._loop_fd = -1  # the watcher descriptor registered with the loop
-        self._timer: Optional[Timer] = None
+        self._presence = Presence(LOOP, self._on_readable, self._on_timer)
         self._watch_problem = ""
         self._loop_problem = ""
         self._resolve_failed = False
         self._next_confirm = 0.0
         self._retry_at = 0.0
         self._generation = 0
-        self._subs: list[Subscription] = []
+        self._subs = Subscribers()
         self.snap: Snapshot = self._build(None)
         at_fork_in_child(self._after_fork_in_child)
         with self.lock:
-            self._arm()
+            self._start()
 
     # ---- what queries call ---------------------------------------------------------------
 
@@ -88,7 +82,7 @@ class Tracker:
                 now = time.monotonic()
                 if self.closed:
                     if snap is self.snap and now >= (snap.expires or 0.0):
-                        self._reread_limits()
+                        self._publish_fresh_limits()
                     self.due = 0.0
                     return self.snap
                 if self._watch.active:
@@ -97,7 +91,7 @@ class Tracker:
                     self._confirm(now)
                 cur = self.snap
                 if cur.expires is not None and now >= cur.expires:
-                    self._reload_limits()
+                    self._refresh_limits()
                 if now >= self._retry_at and self._needs_retry():
                     self._retry(now)
                 self._set_due()
@@ -113,7 +107,7 @@ class Tracker:
 
     def served(self) -> bool:
         """Whether the loop thread serves this monitor right now."""
-        return not self.closed and self._timer is not None and LOOP.running()
+        return not self.closed and self._presence.present and LOOP.running()
 
     @property
     def subscriptions(self) -> int:
@@ -129,26 +123,23 @@ class Tracker:
                   files: Optional[Callable[[Layout], list[str]]] = None) -> Subscription:
         sub = Subscription(self.unsubscribe, callback, files)
         with self.lock:
-            self._subs = [*self._subs, sub]
+            self._subs.add(sub)
             if files is not None and self._watch.active and not self._start_watching():
-                self.reload("the cgroup tree changed while it was being watched")
+                self.resolve_again("the cgroup tree changed while it was being watched")
             self._attach_loop()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.lock:
-            self._subs = [s for s in self._subs if s is not sub]
+            self._subs.remove(sub)
             if sub.files is not None and self._watch.active \
                     and not self._start_watching():
-                self.reload("the cgroup tree changed while it was being watched")
+                self.resolve_again("the cgroup tree changed while it was being watched")
             self._attach_loop()
 
     def _notify(self, kind: str, paths: tuple[str, ...] = ()) -> None:
-        if not self._subs:
-            return
-        change = Change(kind, self.layout(), paths)
-        for sub in self._subs:
-            LOOP.call_soon(functools.partial(sub.deliver, change))
+        if len(self._subs):
+            self._subs.notify(Change(kind, self.layout(), paths))
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -157,27 +148,14 @@ class Tracker:
             if self.closed:
                 return
             self.closed = True
-            for sub in self._subs:
-                sub.detach()
-            self._subs = []
-            self._detach_loop()
+            self._subs.detach_all()
+            self._presence.leave()
             self._stop_watching()
-            self._proc_self = None
+            self._proc.forget_descriptor()
             self.snap.host.close()
             self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
                                                      time.monotonic())
             self.due = 0.0
-
-    def __del__(self) -> None:
-        # Dropped without close(): the loop holds only weak references and drops them at its
-        # next turn; wake it for that. No lock here: a collection can run this inside any
-        # critical section, the loop's own included.
-        try:
-            if self._timer is not None:
-                self._timer.cancel()
-            LOOP.wake()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
 
     def _after_fork_in_child(self) -> None:
         """In a fork child: the loop thread did not survive and the inotify instance is the
@@ -185,13 +163,10 @@ class Tracker:
         and let the next query re-resolve (starting threads in an at-fork handler is unsafe)."""
         self.lock = threading.RLock()  # the parent's may have been held by another thread
         self.applying = False
-        self._loop_fd = -1
-        self._timer = None
+        self._presence.forget()
         self._watch.forget_after_fork()
-        self._proc_self = None
-        for sub in self._subs:
-            sub.detach()
-        self._subs = []
+        self._proc.forget_descriptor()
+        self._subs.detach_all()
         self.snap = replace(self.snap, pending=None, trusted=False, expires=0.0)
         self.due = 0.0
 
@@ -202,7 +177,7 @@ class Tracker:
             self._pid = os.getpid()
             self.snap = self._build(self.snap)
             if not self.closed:
-                self._arm()
+                self._start()
 
     # ---- building snapshots (under self.lock) ------------------------------------------------
 
@@ -217,7 +192,7 @@ class Tracker:
             self.report(f"{resolution.reason}; answering from the levels resolved before "
                         f"(retried every {RETRY_INTERVAL:g} s)")
             return replace(previous, status=replace(previous.status, reason=resolution.reason))
-        self._proc_text = text.encode()
+        self._proc.remember(text)
         self._resolve_failed = isinstance(resolution, discovery.Unresolved) \
             and resolution.transient
         host = previous.host if previous is not None and previous.host.fd >= 0 \
@@ -245,7 +220,7 @@ class Tracker:
             mode, reason = WATCHING, self._loop_problem
             expires = None
         else:
-            # Also the state during construction, until _arm() has created the watcher.
+            # Also the state during construction, until _start() has created the watcher.
             mode, reason = POLLING, self._watch_problem or "not watching yet"
             expires = time.monotonic() + self.poll_interval
         snap = snapshot.make(res, lvls, host, mode, reason, expires, self._generation)
@@ -269,7 +244,7 @@ class Tracker:
             due = min(due, self._retry_at)
         self.due = due
 
-    def reload(self, why: str) -> None:
+    def resolve_again(self, why: str) -> None:
         """Resolve everything again (the process moved, a cgroup vanished, a fork)."""
         with self.lock:
             log.debug("cgwatch: re-resolving (%s)", why)
@@ -284,12 +259,12 @@ class Tracker:
             self._set_due()
             self._notify("layout")
 
-    def _reload_limits(self) -> None:
+    def _refresh_limits(self) -> None:
         """Re-read the limits of the levels already known; re-resolve if our directory went."""
-        if not self._reread_limits():
-            self.reload("the process's cgroup directory vanished")
+        if not self._publish_fresh_limits():
+            self.resolve_again("the process's cgroup directory vanished")
 
-    def _reread_limits(self) -> bool:
+    def _publish_fresh_limits(self) -> bool:
         """Publish a snapshot with freshly read limits; False if our directory is gone."""
         snap = self.snap
         res = snap.resolution
@@ -307,7 +282,7 @@ class Tracker:
         self.snap = self._publishable(res, lvls, snap.host)
         return True
 
-    def _reload_changed_limits(self, targets: list[Target]) -> None:
+    def _apply_limit_changes(self, targets: list[Target]) -> None:
         """Re-read only the limit files that raised an event (tree.changed_limits); anything
         unusual takes the full re-read."""
         snap = self.snap
@@ -317,23 +292,18 @@ class Tracker:
         lvls = tree.changed_limits(snap.levels, [(t.level_index, t.path) for t in targets],
                                    res.version)
         if lvls is None:
-            self._reload_limits()
+            self._refresh_limits()
         else:
             self.snap = self._publishable(res, lvls, snap.host)
 
     def _confirm(self, now: float) -> None:
         """Is the process still in the cgroup it was resolved in? (3-4 us: one pread.)"""
         self._next_confirm = now + self.confirm_interval
-        try:
-            if self._proc_self is None:
-                self._proc_self = kept_dir(under_root(self.root, os.path.dirname(
-                    names.PROC_CGROUP)), check=False)
-            text = self._proc_self.pread(os.path.basename(names.PROC_CGROUP), 65536)
-        except OSError:
-            self._proc_self = None
+        moved = self._proc.moved()
+        if moved is None:
             return  # cannot tell now (no descriptor left?): try again next time
-        if text != self._proc_text:
-            self.reload("the process moved to another cgroup")
+        if moved:
+            self.resolve_again("the process moved to another cgroup")
         self.confirmed_at = now
 
     def _needs_retry(self) -> bool:
@@ -346,16 +316,16 @@ class Tracker:
     def _retry(self, now: float) -> None:
         self._retry_at = now + RETRY_INTERVAL
         if self._resolve_failed or (self.use_inotify and not self._watch.active):
-            self.reload("retrying what failed")  # the limits may have been raised or freed
+            self.resolve_again("retrying what failed")  # the limits may have been raised or freed
         else:
             self._attach_loop()
             self._republish()
 
     # ---- watching (under self.lock) ---------------------------------------------------------
 
-    def _arm(self) -> None:
+    def _start(self) -> None:
         if not self._watch_and_verify():
-            self.reload("the cgroup tree changed while it was being watched")
+            self.resolve_again("the cgroup tree changed while it was being watched")
         self._next_confirm = time.monotonic() + self.confirm_interval
         self._attach_loop()
         self._republish()
@@ -366,13 +336,9 @@ class Tracker:
         again (a path vanished, or the process moved meanwhile)."""
         if not self._start_watching():
             return False
-        try:
-            text = read_file(under_root(self.root, names.PROC_CGROUP)).encode()
-        except OSError:
-            text = b""
-        if text != self._proc_text:
+        if self._proc.moved() is not False:
             return False
-        return self._reread_limits()
+        return self._publish_fresh_limits()
 
     def _start_watching(self) -> bool:
         """Point inotify at the current levels, creating the watcher if it is missing (so a
@@ -403,9 +369,7 @@ class Tracker:
         self._republish()
 
     def _stop_watching(self) -> None:
-        if self._loop_fd >= 0:
-            LOOP.unregister(self._loop_fd)
-            self._loop_fd = -1
+        self._presence.set_fd(-1)
         self._watch.stop()
 
     def _drain(self) -> None:
@@ -428,9 +392,9 @@ class Tracker:
         removed = level_removed(changes, self.layout())
         limits = [c.target for c in changes if c.target.kind == "limit"]
         if rebuild or removed:
-            self.reload("a watched cgroup was removed or the event queue overflowed")
+            self.resolve_again("a watched cgroup was removed or the event queue overflowed")
         elif limits:
-            self._reload_changed_limits(limits)
+            self._apply_limit_changes(limits)
             self._notify("limits")
         files = tuple(sorted({c.target.path for c in changes if c.target.kind == "files"}))
         if files:
@@ -439,40 +403,22 @@ class Tracker:
     # ---- the loop thread's side -------------------------------------------------------------
 
     def _attach_loop(self) -> None:
-        """Register with the loop thread when this monitor wants one (its own `thread`, or
-        a subscriber's need), else leave it."""
-        if self.closed or not (self.thread or self._subs):
-            self._detach_loop()
+        """Be on the loop when this monitor wants the thread (its own `thread`, or a
+        subscriber's need), else leave it."""
+        if self.closed or not (self.thread or len(self._subs)):
+            self._presence.leave()
             self._loop_problem = ""
             return
-        fd = self._watch.fileno()
-        if fd != self._loop_fd:
-            if self._loop_fd >= 0:
-                LOOP.unregister(self._loop_fd)
-            if fd >= 0:
-                LOOP.register(fd, select.POLLIN, self._on_readable)
-            self._loop_fd = fd
-        if self._timer is None:
-            self._timer = LOOP.call_at(time.monotonic() + self.migration_interval,
-                                       self._on_timer)
-        problem = LOOP.ensure_running()
+        problem = self._presence.update(self._watch.fileno(), self.migration_interval)
         if problem and problem != self._loop_problem:
             self.report(f"{problem}: queries keep the cache exact themselves; events and "
                         "callbacks wait until it can start (retried every "
                         f"{RETRY_INTERVAL:g} s)")
         self._loop_problem = problem
 
-    def _detach_loop(self) -> None:
-        if self._loop_fd >= 0:
-            LOOP.unregister(self._loop_fd)
-            self._loop_fd = -1
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
     def _on_readable(self, fd: int, revents: int) -> None:
         with self.lock:
-            if fd == self._loop_fd:
+            if fd == self._presence.fd:
                 self._drain()
                 self._set_due()
 
@@ -480,7 +426,7 @@ class Tracker:
         """The slow timer: a move to another cgroup raises no event, so look; retry what
         failed; refresh the host reserve bound (hostmem.py)."""
         with self.lock:
-            self._timer = None
+            self._presence.timer_fired()
             if self.closed:
                 return
             now = time.monotonic()

@@ -168,3 +168,36 @@ def changed_limits(levels: tuple[Level, ...], changed: list[tuple[int, str]],
             return None
         lvls[index] = replace(lvl, limit=limit)
     return tuple(lvls)
+
+
+class ProcCgroup:
+    """/proc/self/cgroup as it was when the levels were resolved, and a kept descriptor to
+    read it again cheaply (one pread, ~3.6 us): nothing notifies a move to another cgroup."""
+
+    def __init__(self, root: str) -> None:
+        self.path = under_root(root, names.PROC_CGROUP)
+        self.seen = b""
+        self._kept: Optional[KeptDir] = None
+
+    def remember(self, text: str) -> None:
+        self.seen = text.encode()
+
+    def read_now(self) -> Optional[bytes]:
+        """The file now; None when it cannot be read (no descriptor left, say)."""
+        try:
+            if self._kept is None:
+                self._kept = kept_dir(os.path.dirname(self.path), check=False)
+            return self._kept.pread(os.path.basename(self.path), 65536)
+        except OSError:
+            self._kept = None
+            return None
+
+    def moved(self) -> Optional[bool]:
+        """Whether the process is in another cgroup now; None when it cannot tell."""
+        now = self.read_now()
+        return None if now is None else now != self.seen
+
+    def forget_descriptor(self) -> None:
+        """Close (drop) the kept descriptor: after close(), and in a fork child, where a
+        /proc/self descriptor opened before the fork describes the parent."""
+        self._kept = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import select
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Callable, Optional
 
 from .names import FileNames
@@ -14,7 +14,7 @@ from .seam import Layout, Subscription
 from .watcher import Change, Target, Watcher, WatchUnavailable
 
 
-def watch_targets(layout: Layout, subscriptions: Sequence[Subscription]) -> list[Target]:
+def watch_targets(layout: Layout, subscriptions: Iterable[Subscription]) -> list[Target]:
     """Every level's limit file, every parent directory (for the removal of a level), and the
     files each subscriber names for this layout (those that exist)."""
     if layout.version is None:
