@@ -40,7 +40,6 @@ class WatchedLevel:
         self.index = index
         self.level = level
         self.version = version
-        self.missing: set[str] = set()  # counter files this level does not have
         self.oom_efd: Optional[int] = None
         self.threshold_efds: list[int] = []
         self.psi_fd: Optional[int] = None
@@ -61,14 +60,12 @@ class WatchedLevel:
         """The counters of each file that can be read now (a removed cgroup gives ENODEV)."""
         result = {}
         for source in counters.counter_files(self.version):
-            if source in self.missing:
-                continue
             try:
                 found = counters.parse_counters(source, self.level.read(source))
-            except FileNotFoundError:
-                self.missing.add(source)  # v2 levels without the memory controller, the root
-                continue
             except (OSError, ValueError):
+                # Missing (a v2 level without the memory controller, the root) or unreadable
+                # now: tried again next scan, since enabling the controller in the parent's
+                # cgroup.subtree_control makes the files appear without a re-resolve.
                 continue
             if found:  # an empty read (a file being rewritten) must not become a baseline
                 result[source] = found
@@ -105,7 +102,6 @@ class Scanner:
         self.generation = -1
         self.problems: dict[str, str] = {}  # mechanism -> why it is not in use
         self._last: dict[tuple[str, str], dict[str, int]] = {}
-        self._local_seen: dict[tuple[str, str], int] = {}
         # v2: per counter, rises of lower levels not yet seen at the level above, and since when
         self._carry: dict[str, tuple[list[int], float]] = {}
         self._oom_own: dict[str, int] = {}
@@ -152,14 +148,10 @@ class Scanner:
         self._forget(lvl.directory)
         for source, current in lvl.read().items():
             self._last[(lvl.directory, source)] = current
-            if source == names.EVENTS_LOCAL:
-                for counter, value in current.items():
-                    self._local_seen[(lvl.directory, counter)] = value
 
     def _forget(self, directory: str) -> None:
-        for table in (self._last, self._local_seen):
-            for key in [k for k in table if k[0] == directory]:
-                del table[key]
+        for key in [k for k in self._last if k[0] == directory]:
+            del self._last[key]
         self._oom_own.pop(directory, None)
         self._notes.pop(directory, None)
 
@@ -266,7 +258,14 @@ class Scanner:
         version = self.version
         if version is None or not self.levels:
             return []
+        if version == 1:
+            # Every OOM eventfd first: attribution subtracts the ancestors' counts, so a scan
+            # must see all of the notifications one OOM raised, not only the one that woke us.
+            self.drain_ooms()
         reads = [lvl.read() for lvl in self.levels]
+        # memory.events.local as the previous scan read it (before this scan's update).
+        local_before = [self._last.get((lvl.directory, names.EVENTS_LOCAL))
+                        for lvl in self.levels]
         rose: list[tuple[int, str, str, int, int]] = []
         if version == 1:
             # First, so an OOM reads in its order: the OOM, then the kill it led to.
@@ -286,7 +285,9 @@ class Scanner:
                     continue  # the file was unreadable until now: this is its baseline
                 rose.extend((lvl.index, source, c, old, new)
                             for c, old, new in counters.rises(before, current))
-        propagated = self._propagation(rose, now) if version == 2 else {}
+        # Levels that have memory.events (a baseline was read); not the v2 root.
+        has_events = [(lvl.directory, names.EVENTS) in self._last for lvl in self.levels]
+        propagated = self._propagation(rose, now, has_events) if version == 2 else {}
         usages: dict[int, Optional[int]] = {}
         found = []
         for index, source, counter, old, new in rose:
@@ -298,17 +299,18 @@ class Scanner:
             local_old = local_new = None
             local = reads[index].get(names.EVENTS_LOCAL)
             if local is not None and counter in local:
-                local_old = self._local_seen.get((lvl.directory, counter), local[counter])
                 local_new = local[counter]
-                self._local_seen[(lvl.directory, counter)] = local_new
+                before = local_before[index]
+                # No earlier read of the local file: it did not rise as far as we know.
+                local_old = before.get(counter, local_new) if before is not None else local_new
             flags = propagated.get(counter)
             found.append(Event(lvl.cgroup_path, lvl.directory, index, counter, old, new,
                                lvl.limit, usages[index], now, source, version, local_old,
                                local_new, bool(flags and flags[index])))
         return found
 
-    def _propagation(self, rose: list[tuple[int, str, str, int, int]],
-                     now: float) -> dict[str, list[bool]]:
+    def _propagation(self, rose: list[tuple[int, str, str, int, int]], now: float,
+                     has_events: list[bool]) -> dict[str, list[bool]]:
         """v2: which rises only repeat the level below's. The kernel raises a counter level by
         level, so one kill can be split over two scans: what a lower level rose by is carried
         to the next scan for a while (CARRY_SECONDS)."""
@@ -322,11 +324,15 @@ class Scanner:
             carried, since = self._carry.pop(counter, ([], now))
             if now - since > CARRY_SECONDS or len(carried) != count:
                 carried = []
-            marks, carry = counters.propagated_across_scans(
-                deltas.get(counter, [0] * count), carried)
+            rises = deltas.get(counter, [0] * count)
+            marks, carry = counters.propagated_across_scans(rises, carried)
             propagated[counter] = marks
+            # A level that has no memory.events (the v2 root) never shows a rise: carrying
+            # to it would keep the carry, and its window, alive forever.
+            carry = [c if has_events[i] else 0 for i, c in enumerate(carry)]
             if any(carry):
-                self._carry[counter] = (carry, since if carried else now)
+                # The window runs from the newest rise that still waits to show above.
+                self._carry[counter] = (carry, now if any(rises) else since)
         return propagated
 
     def limit_above(self, level: int) -> Optional[tuple[int, str]]:

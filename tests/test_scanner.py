@@ -103,11 +103,6 @@ def row(version: int, levels: Levels, *steps: Step,
     return pytest.param(Row(version, levels, steps, initial, efds), id=id, marks=marks)
 
 
-def xfail(reason: str) -> list[pytest.MarkDecorator]:
-    # Strict: a fix shows up as XPASS (a failure); then drop the mark from the row.
-    return [pytest.mark.xfail(strict=True, reason=reason)]
-
-
 F, T = False, True
 
 ROWS = [
@@ -139,9 +134,7 @@ ROWS = [
         S(0.0, write={C: [ev(max=4)]}),
         S(0.1, (C, "max", 4, 5, F), write={C: [ev(max=5)]}),
         initial={C: []},
-        id="v2-missing-at-first-baseline-when-it-appears",
-        marks=xfail("a file missing (ENOENT) at the first read goes into WatchedLevel.missing "
-                    "and is never read again while the level stays in the layout")),
+        id="v2-missing-at-first-baseline-when-it-appears"),
     row(2, LEAF,
         S(0.0, write={C: [ev(oom_kill=2, max=1)]}),  # went down: reset, not a rise
         S(0.1, (C, "oom_kill", 2, 3, F), write={C: [ev(oom_kill=3, max=1)]}),
@@ -237,10 +230,7 @@ ROWS = [
         S(1.01, (B, "oom_kill", 1, 2, T), (A, "oom_kill", 1, 2, T),
           write={B: [ev(oom_kill=2)], A: [ev(oom_kill=2)]}),
         initial={C: [ev()], B: [ev()], A: [ev()], ROOT: []},
-        id="v2-carry-window-runs-from-the-latest-rise",
-        marks=xfail("the first kill leaves a carry at the root (no memory.events) that never "
-                    "clears; the carry keeps its first `since`, so the second kill's carry "
-                    "expires 1 s after the FIRST kill and /a/b's rise is called its own")),
+        id="v2-carry-window-runs-from-the-latest-rise"),
     # ---- v2 memory.events.local ------------------------------------------------------------
     row(2, V2_PATH,
         S(0.0, (C, "oom_kill", 0, 1, F, 0, 1), (B, "oom_kill", 0, 1, T, 0, 0),
@@ -268,17 +258,12 @@ ROWS = [
         S(0.0, write={C: [ev(), loc()]}),  # the local file's baseline: oom_kill 0
         S(0.1, (C, "oom_kill", 0, 1, F, 0, 1), write={C: [ev(oom_kill=1), loc(oom_kill=1)]}),
         initial={C: [ev(), raw("memory.events.local", "")]},
-        id="v2-local-empty-at-first-then-its-baseline",
-        marks=xfail("a memory.events.local baseline taken in scan() (file unreadable or empty "
-                    "at resync) goes into _last, not _local_seen: local_old falls back to "
-                    "the current value (1, 1)")),
+        id="v2-local-empty-at-first-then-its-baseline"),
     row(2, LEAF,
         S(0.0, write={C: [ev(), loc()]}),  # reset (re-created cgroup): both back to 0
         S(0.1, (C, "oom_kill", 0, 1, F, 0, 1), write={C: [ev(oom_kill=1), loc(oom_kill=1)]}),
         initial={C: [ev(oom_kill=5), loc(oom_kill=5)]},
-        id="v2-local-after-a-reset",
-        marks=xfail("_local_seen is only updated when memory.events rises, not on a reset: "
-                    "local_old is the value from before the reset (5, 1)")),
+        id="v2-local-after-a-reset"),
     # ---- v2 levels that come and go --------------------------------------------------------
     row(2, ((B, None), (A, GiB)),
         # /a/b/c joins the path with oom_kill 2 already: a baseline, no event
@@ -373,10 +358,7 @@ ROWS = [
         S(0.0, (A, "oom", 0, 1, F), notify={C: 1, A: 1}, ready=(C,)),
         S(0.001, ready=(A,)),
         efds=(C, A),
-        id="v1-oom-at-the-parent-leaf-descriptor-handed-over-first",
-        marks=xfail("scan() attributes only what was drained: with the leaf's eventfd "
-                    "drained (on_ready) and the parent's still pending, the parent's OOM is "
-                    "reported at /a/b/c, then again at /a")),
+        id="v1-oom-at-the-parent-leaf-descriptor-handed-over-first"),
 ]
 
 
