@@ -103,13 +103,7 @@ class Tree:
               stdin: Optional[int] = None) -> subprocess.Popen[str]:
         """Start `python -c code` already inside `cgroup` (it moves itself in before running
         anything else, so every page it touches is charged there)."""
-        if self.version == 2:
-            # v2's no-internal-processes rule: a cgroup holding processes cannot also hand
-            # controllers to children.
-            try:
-                write(os.path.join(cgroup, "cgroup.subtree_control"), "-memory")
-            except OSError:
-                pass
+        self.allow_processes(cgroup)
         boot = (
             "import os\n"
             f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
@@ -118,6 +112,15 @@ class Tree:
                                 stderr=subprocess.PIPE, text=True, env=env)
         self.procs.append(proc)
         return proc
+
+    def allow_processes(self, cgroup: str) -> None:
+        """v2's no-internal-processes rule: a cgroup holding processes cannot also hand
+        controllers to children, so give them up before moving a process in."""
+        if self.version == 2:
+            try:
+                write(os.path.join(cgroup, "cgroup.subtree_control"), "-memory")
+            except OSError:
+                pass
 
     def remove_all(self) -> None:
         for proc in self.procs:
@@ -156,6 +159,7 @@ def cgroup_tree() -> Iterator[Tree]:
     """A fresh directory below our own memory cgroup, removed with all it holds on exit."""
     res, why = own_memory_cgroup()
     assert res is not None, why
+    enable_memory_for_children(res.directory, res.version)
     tree = Tree(res.directory, res.version)
     top = tree.make(f"cgwatch-test-{uuid.uuid4().hex[:8]}")
     tree.base = top

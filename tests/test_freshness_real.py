@@ -55,6 +55,7 @@ def test_a_process_moved_from_outside_answers_for_the_new_cgroup_150ms_later(
         tree: Tree, env: dict[str, str]) -> None:
     first = tree.make("first", limit=300 * MiB)
     second = tree.make("second", limit=200 * MiB)
+    tree.allow_processes(second)
     probe = Probe(tree, first, migration=60, env=env)  # the thread's own check is 60 s away
     assert probe.ask(op="query")["total"] == 300 * MiB
     for target, limit in ((second, 200 * MiB), (first, 300 * MiB), (second, 200 * MiB)):
