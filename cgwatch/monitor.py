@@ -101,8 +101,10 @@ class Monitor:
         pending = snap.pending
         if (pending is not None and pending(0)) or tracker.applying \
                 or _monotonic() >= tracker.due:
-            snap = tracker.refresh(snap)
-        return snap.total
+            return tracker.refresh(snap).total
+        # Read again after the checks: the thread may have consumed and published the change
+        # between the first read and pending(0) (docs/design.md section 3).
+        return tracker.snap.total
 
     def available_memory(self) -> int:
         """Bytes this process can still allocate before some level's limit or the host's
@@ -116,6 +118,8 @@ class Monitor:
                 snap = tracker.refresh(snap)
                 if tracker.closed:
                     return self._uncached(snap)
+            else:
+                snap = tracker.snap  # again after the checks, as in total_memory()
         try:
             best = -1
             order: Sequence[LimitedLevel] = snap.limited
@@ -223,8 +227,8 @@ class Monitor:
         pending = snap.pending
         if (pending is not None and pending(0)) or tracker.applying \
                 or _monotonic() >= tracker.due:
-            snap = tracker.refresh(snap)
-        return snap
+            return tracker.refresh(snap)
+        return tracker.snap  # again after the checks, as in total_memory()
 
     def _uncached(self, snap: Snapshot) -> int:
         try:
