@@ -46,15 +46,20 @@ def _weak(callback: Callable[..., Any]) -> _Ref:
 class Timer:
     """A pending call_at(); cancel() drops it."""
 
-    __slots__ = ("when", "ref", "cancelled")
+    __slots__ = ("when", "ref", "cancelled", "_wake")
 
-    def __init__(self, when: float, ref: _Ref) -> None:
+    def __init__(self, when: float, ref: _Ref, wake: Callable[[], None]) -> None:
         self.when = when
         self.ref = ref
         self.cancelled = False
+        self._wake = wake
 
     def cancel(self) -> None:
-        self.cancelled = True
+        """Drop it; wakes the loop, which may have nothing left to wait for (then it exits
+        now, not at the cancelled deadline). Takes no lock: safe in __del__."""
+        if not self.cancelled:
+            self.cancelled = True
+            self._wake()
 
     def __lt__(self, other: Timer) -> bool:
         return self.when < other.when
@@ -91,7 +96,7 @@ class Loop:
             self.wake()
 
     def call_at(self, when: float, callback: Callback) -> Timer:
-        timer = Timer(when, _weak(callback))
+        timer = Timer(when, _weak(callback), self.wake)
         with self._lock:
             heapq.heappush(self._timers, timer)
         self.ensure_running()

@@ -63,6 +63,9 @@ class Monitor:
     inotify and check for moves themselves); what needs the thread is telling anyone without
     a query: `subscribe()` and `Events` start it when they are used.
 
+    `pid`: another process's cgroup instead of ours (a sidecar, `cgwatch serve --pid`):
+    resolved from /proc/PID/cgroup and /proc/PID/mountinfo, its move checked the same way.
+
     `fresh`: every query first applies the changes the kernel has queued (default). With
     `fresh=False` a watching, threaded monitor answers from the cache as the thread keeps it
     (no check at all per call): a limit write is seen after the thread's wake-up (~0.15 ms
@@ -79,6 +82,7 @@ class Monitor:
         use_inotify: bool = True,
         thread: Optional[bool] = None,
         fresh: bool = True,
+        pid: Optional[int] = None,
     ) -> None:
         self.root = root
         self.migration_interval = migration_interval
@@ -88,7 +92,7 @@ class Monitor:
                                 confirm_interval=confirm_interval, poll_interval=poll_interval,
                                 use_inotify=use_inotify,
                                 thread=_thread_default() if thread is None else thread,
-                                fresh=fresh)
+                                fresh=fresh, pid=pid)
 
     # ---- queries: no lock unless something changed, no exception ----------------------------
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 PROC_CGROUP = "/proc/self/cgroup"
 PROC_MOUNTINFO = "/proc/self/mountinfo"
+
+
+def proc_file(name: str, pid: Optional[int] = None) -> str:
+    """/proc/self/NAME, or /proc/PID/NAME for another process (`cgwatch serve --pid`)."""
+    return f"/proc/{'self' if pid is None else int(pid)}/{name}"
+
+
 MEMINFO = "/proc/meminfo"
 ZONEINFO = "/proc/zoneinfo"
 VMSTAT = "/proc/vmstat"
@@ -34,6 +42,9 @@ class FileNames:
     inactive_key: bytes  # memory.stat key of hierarchical inactive page cache
     peak: str  # the highest usage seen
     counters: tuple[str, ...]  # event counter files, in reading order
+    high: str  # the throttling limit (v2 memory.high; "" on v1, whose soft limit is no cap)
+    swap_limit: str  # v2: swap alone; v1: memory + swap (memsw)
+    swap_usage: str  # likewise
 
     @staticmethod
     def for_version(version: int) -> FileNames:
@@ -43,6 +54,7 @@ class FileNames:
 # v2's `inactive_file` is already hierarchical; v1's plain `inactive_file` is local to the
 # cgroup and `total_inactive_file` covers its descendants, matching `usage_in_bytes`.
 V2 = FileNames(2, "memory.max", "memory.current", b"inactive_file", "memory.peak",
-               (EVENTS, EVENTS_LOCAL))
+               (EVENTS, EVENTS_LOCAL), "memory.high", "memory.swap.max", "memory.swap.current")
 V1 = FileNames(1, "memory.limit_in_bytes", "memory.usage_in_bytes", b"total_inactive_file",
-               "memory.max_usage_in_bytes", (OOM_CONTROL, FAILCNT))
+               "memory.max_usage_in_bytes", (OOM_CONTROL, FAILCNT), "",
+               "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes")

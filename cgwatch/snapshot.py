@@ -48,6 +48,10 @@ class LevelInfo:
     binds_total: bool  # this level's limit is total_memory()
     binds_available: bool  # this level's headroom is available_memory()
     problem: Optional[str]
+    high: Optional[int] = None  # v2 memory.high (throttling starts above it); None: none
+    high_headroom: Optional[int] = None  # high - working set, None without a high limit
+    swap_limit: Optional[int] = None  # swap this level may use (v1: memsw - limit)
+    swap_usage: Optional[int] = None  # swap in use (v1: memsw usage - usage)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -137,8 +141,12 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
             problem = problem or str(e)
         if lvl.limit is not None and usage is not None and inactive is not None:
             room = headroom(lvl.limit, usage, inactive)
+        high, swap_limit, swap_usage = _throttle_and_swap(lvl, fnames, usage)
+        high_room = headroom(high, usage, inactive) \
+            if high is not None and usage is not None and inactive is not None else None
         reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
-                               room, False, False, problem))
+                               room, False, False, problem, high, high_room, swap_limit,
+                               swap_usage))
     limits = [r.limit for r in reads if r.limit is not None]
     total_binder = min(limits) if limits and min(limits) < snap.host.total else None
     rooms = [r.headroom for r in reads if r.headroom is not None]
@@ -154,6 +162,31 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
             room_binder = None
         result.append(replace(info, binds_total=binds_total, binds_available=binds_available))
     return result
+
+
+def _optional_number(lvl: Level, name: str, version: int) -> Optional[int]:
+    """A limit-like file that may be absent (no swap accounting, the v2 root): None then."""
+    if not name:
+        return None
+    try:
+        return values.parse_limit(lvl.read(name), version)
+    except (OSError, ValueError):
+        return None
+
+
+def _throttle_and_swap(lvl: Level, fnames: FileNames, usage: Optional[int],
+                       ) -> tuple[Optional[int], Optional[int], Optional[int]]:
+    """(memory.high, swap limit, swap usage) of a level, each None where not known."""
+    high = _optional_number(lvl, fnames.high, fnames.version)
+    swap_limit = _optional_number(lvl, fnames.swap_limit, fnames.version)
+    swap_usage = _optional_number(lvl, fnames.swap_usage, fnames.version)
+    if fnames.version == 1:
+        # v1 memsw counts memory + swap: the swap share is the difference.
+        swap_limit = swap_limit - lvl.limit if swap_limit is not None \
+            and lvl.limit is not None and swap_limit >= lvl.limit else None
+        swap_usage = swap_usage - usage if swap_usage is not None and usage is not None \
+            and swap_usage >= usage else None
+    return high, swap_limit, swap_usage
 
 
 def uncached_available(snap: Snapshot) -> int:

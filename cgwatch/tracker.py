@@ -41,8 +41,10 @@ RETRY_INTERVAL = 1.0  # seconds between retries of what failed (inotify, the thr
 
 class Tracker:
     def __init__(self, root: str, *, migration_interval: float, confirm_interval: float,
-                 poll_interval: float, use_inotify: bool, thread: bool, fresh: bool) -> None:
+                 poll_interval: float, use_inotify: bool, thread: bool, fresh: bool,
+                 pid: Optional[int] = None) -> None:
         self.root = root
+        self.pid = pid  # None: this process
         self.migration_interval = migration_interval
         self.confirm_interval = confirm_interval
         self.poll_interval = poll_interval
@@ -54,9 +56,9 @@ class Tracker:
         self.due = 0.0  # when a query must call refresh() even if nothing is pending
         self.closed = False
         self.confirmed_at: Optional[float] = None
-        self._pid = os.getpid()
+        self._owner_pid = os.getpid()
         self._reported: set[str] = set()
-        self._proc = ProcCgroup(root)
+        self._proc = ProcCgroup(root, pid)
         self._watch = LevelWatch()
         self._presence = Presence(LOOP, self._on_readable, self._on_timer)
         self._watch_problem = ""
@@ -76,7 +78,7 @@ class Tracker:
     def refresh(self, snap: Snapshot) -> Snapshot:
         """Bring the snapshot up to date (the slow path of a query); never raises."""
         try:
-            if self._pid != os.getpid():
+            if self._owner_pid != os.getpid():
                 self._rearm_after_fork()
             with self.lock:
                 now = time.monotonic()
@@ -172,9 +174,9 @@ class Tracker:
 
     def _rearm_after_fork(self) -> None:
         with self.lock:
-            if self._pid == os.getpid():
+            if self._owner_pid == os.getpid():
                 return
-            self._pid = os.getpid()
+            self._owner_pid = os.getpid()
             self.snap = self._build(self.snap)
             if not self.closed:
                 self._start()
@@ -182,7 +184,7 @@ class Tracker:
     # ---- building snapshots (under self.lock) ------------------------------------------------
 
     def _build(self, previous: Optional[Snapshot]) -> Snapshot:
-        resolution, text = tree.resolve_process(self.root)
+        resolution, text = tree.resolve_process(self.root, self.pid)
         if isinstance(resolution, discovery.Unresolved) and resolution.transient \
                 and previous is not None \
                 and isinstance(previous.resolution, discovery.Resolved):

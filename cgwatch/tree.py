@@ -48,18 +48,20 @@ def v2_has_memory(root: str) -> Callable[[str], bool]:
     return check
 
 
-def resolve_process(root: str) -> tuple[discovery.Resolution, str]:
+def resolve_process(root: str, pid: Optional[int] = None) -> tuple[discovery.Resolution, str]:
     """Resolve the process's memory cgroup under `root`; also return the /proc/self/cgroup text
     so the caller can later tell whether the process moved."""
     try:
-        proc_cgroup = read_file(under_root(root, names.PROC_CGROUP))
+        proc_cgroup = read_file(under_root(root, names.proc_file("cgroup", pid)))
     except OSError as e:
-        return discovery.Unresolved(f"cannot read /proc/self/cgroup: {e.strerror or e}",
+        return discovery.Unresolved(f"cannot read {names.proc_file('cgroup', pid)}: "
+                                    f"{e.strerror or e}",
                                     transient=True), ""
     try:
-        mountinfo = read_file(under_root(root, names.PROC_MOUNTINFO))
+        mountinfo = read_file(under_root(root, names.proc_file("mountinfo", pid)))
     except OSError as e:
-        return discovery.Unresolved(f"cannot read /proc/self/mountinfo: {e.strerror or e}",
+        return discovery.Unresolved(f"cannot read {names.proc_file('mountinfo', pid)}: "
+                                    f"{e.strerror or e}",
                                     transient=True), \
             proc_cgroup
     return discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(root)), proc_cgroup
@@ -174,8 +176,8 @@ class ProcCgroup:
     """/proc/self/cgroup as it was when the levels were resolved, and a kept descriptor to
     read it again cheaply (one pread, ~3.6 us): nothing notifies a move to another cgroup."""
 
-    def __init__(self, root: str) -> None:
-        self.path = under_root(root, names.PROC_CGROUP)
+    def __init__(self, root: str, pid: Optional[int] = None) -> None:
+        self.path = under_root(root, names.proc_file("cgroup", pid))
         self.seen = b""
         self._kept: Optional[KeptDir] = None
 
