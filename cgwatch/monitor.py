@@ -120,7 +120,7 @@ class Monitor:
             if (pending is not None and pending(0)) or tracker.applying \
                     or _monotonic() >= tracker.due:
                 snap = tracker.refresh(snap)
-                if tracker.closed:
+                if snap.uncached:
                     return self._uncached(snap)
             else:
                 snap = tracker.snap  # again after the checks, as in total_memory()
@@ -179,6 +179,13 @@ class Monitor:
     def levels(self) -> list[LevelInfo]:
         """Every level from the process's cgroup to the top, read now."""
         return read_levels(self._current())
+
+    def throttle_headroom(self) -> Optional[int]:
+        """Bytes before throttling starts: the least of high - working set over the levels
+        with a v2 memory.high (None: no such level). A job over memory.high is not killed, but
+        slowed hard by reclaim; size work by the smaller of this and available_memory()."""
+        rooms = [i.high_headroom for i in self.levels() if i.high_headroom is not None]
+        return max(0, min(rooms)) if rooms else None
 
     def host_memory(self) -> tuple[int, int]:
         """(MemTotal, MemAvailable) of the host, bytes."""

@@ -67,7 +67,7 @@ class Snapshot:
     # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
     # hot path needs (None: "usage not read yet", see Monitor.available_memory)
     limited: tuple[LimitedLevel, ...]
-    levels: tuple[Level, ...]
+    levels: tuple[Level, ...]  # leaf first; a v1 hidden ancestor last (Level.hidden)
     host: HostMemory
     status: Status
     resolution: discovery.Resolution
@@ -78,6 +78,9 @@ class Snapshot:
     # True: the loop thread alone keeps it (Monitor(fresh=False)); the query checks nothing
     trusted: bool = False
     generation: int = 0  # rises with every re-resolve (not with a limit change)
+    # True: available_memory() reads every level anew (a closed monitor, or a limited level
+    # whose usage files could not be opened: it must not drop out of the minimum)
+    uncached: bool = False
 
 
 def headroom(limit: int, usage: int, inactive_file: int) -> int:
@@ -101,11 +104,12 @@ def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, m
             limited.append((None, lvl.limit, lvl.kept.fd(usage_name), lvl.kept.fd(names.STAT),
                             key))
     total = min([host.total] + [lvl.limit for lvl in levels if lvl.limit is not None])
+    blind = sum(1 for lvl in levels if lvl.limit is not None) > len(limited)
     problems = [lvl.problem for lvl in levels if lvl.problem]
     reason = "; ".join(r for r in (reason, *problems) if r)
     status = Status(mode, reason, res.version, res.cgroup_path, res.directory, host.source)
     return Snapshot(total, tuple(limited), levels, host, status, res, expires,
-                    generation=generation)
+                    generation=generation, uncached=blind)
 
 
 def host_only(res: discovery.Unresolved, host: HostMemory, generation: int) -> Snapshot:
@@ -119,7 +123,7 @@ def without_descriptors(snap: Snapshot, reason: str, expires: float) -> Snapshot
     status = replace(snap.status, mode=POLLING if snap.levels else snap.status.mode,
                      reason=reason)
     return replace(snap, limited=(), levels=levels, status=status, expires=expires,
-                   pending=None, trusted=False)
+                   pending=None, trusted=False, uncached=True)
 
 
 def read_levels(snap: Snapshot) -> list[LevelInfo]:
@@ -147,10 +151,18 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
         reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
                                room, False, False, problem, high, high_room, swap_limit,
                                swap_usage))
+    # The marks follow the answers: a level binds only if the host does not bind tighter
+    # (a tie with MemTotal / MemAvailable marks the level: it binds as much).
     limits = [r.limit for r in reads if r.limit is not None]
-    total_binder = min(limits) if limits and min(limits) < snap.host.total else None
+    total_binder = min(limits) if limits and min(limits) <= snap.host.total else None
     rooms = [r.headroom for r in reads if r.headroom is not None]
     room_binder = min(rooms) if rooms else None
+    if room_binder is not None:
+        try:
+            if snap.host.available() < room_binder:
+                room_binder = None
+        except (OSError, ValueError):
+            pass
     result = []
     for info in reads:
         # Only the first (deepest) of equal levels is marked as binding.
@@ -191,12 +203,13 @@ def _throttle_and_swap(lvl: Level, fnames: FileNames, usage: Optional[int],
 
 def uncached_available(snap: Snapshot) -> int:
     """available_memory() from fresh reads of every level, never above total: what a closed
-    monitor and the error path answer. A level whose memory.stat cannot be read counts as
-    limit - usage (never above the truth)."""
+    monitor and the error path answer. A limited level never drops out: whose memory.stat
+    cannot be read counts as limit - usage, whose usage cannot be read either as 0 (neither
+    is ever above the truth)."""
     rooms = [snap.total, snap.host.available()]
     for info in read_levels(snap):
         if info.headroom is not None:
             rooms.append(info.headroom)
-        elif info.limit is not None and info.usage is not None:
-            rooms.append(info.limit - info.usage)
+        elif info.limit is not None:
+            rooms.append(info.limit - info.usage if info.usage is not None else 0)
     return max(0, min(rooms))

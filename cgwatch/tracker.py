@@ -239,6 +239,9 @@ class Tracker:
         self._set_due()
 
     def _set_due(self) -> None:
+        if self.snap.uncached:
+            self.due = 0.0  # every query reads anew
+            return
         due = self._next_confirm
         if self.snap.expires is not None:
             due = min(due, self.snap.expires)

@@ -34,12 +34,6 @@ class Row(NamedTuple):
     mem_available: int = 60 * GiB
 
 
-# Monitor.levels() marks the level with the least headroom even when the host's MemAvailable is
-# below it, so available_memory() is not that level's headroom. Expected to fail until fixed;
-# strict, so a fix shows up as XPASS (a failure): then drop the mark from these rows.
-HOST_BINDS_BUT_A_LEVEL_IS_MARKED = pytest.mark.xfail(
-    strict=True, reason="levels() marks binds_available without comparing to MemAvailable")
-
 ROWS = [
     # The seed scenario, (a) to (c).
     pytest.param(Row(
@@ -87,7 +81,7 @@ ROWS = [
         total=16 * GiB,  # 100 GiB capped at MemTotal
         available=12 * GiB,  # MemAvailable 12 GiB < 98 GiB
         binds_total=None, binds_available=None,
-    ), id="limit-above-host-ram-is-capped", marks=HOST_BINDS_BUT_A_LEVEL_IS_MARKED),
+    ), id="limit-above-host-ram-is-capped"),
     pytest.param(Row(
         where="/a/b/c",
         levels={"/a": (2 * GiB, 1 * GiB, 0),  # headroom 2 - 1 = 1 GiB
@@ -125,7 +119,7 @@ ROWS = [
         total=4 * GiB,
         available=1 * GiB,  # MemAvailable 1 GiB < 3 GiB
         binds_total="/job/step", binds_available=None,
-    ), id="host-memavailable-tighter-than-every-level", marks=HOST_BINDS_BUT_A_LEVEL_IS_MARKED),
+    ), id="host-memavailable-tighter-than-every-level"),
     pytest.param(Row(
         where="/a/b",
         levels={"/a": (512 * MiB, 200 * MiB, 50 * MiB),  # b is its only child: same usage,

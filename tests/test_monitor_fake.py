@@ -302,3 +302,46 @@ def test_module_functions_use_one_default_monitor() -> None:
     assert cgwatch.default_monitor() is cgwatch.default_monitor()
     assert cgwatch.total_memory() == cgwatch.default_monitor().total_memory()
     assert 0 < cgwatch.available_memory() <= cgwatch.total_memory()
+
+
+@pytest.mark.parametrize("missing", ["usage", "stat"])
+def test_limited_level_whose_files_cannot_be_opened_never_drops_out(
+        host: FakeHost, opened: list[Monitor], missing: str) -> None:
+    host.make_path({"/a": 2 * GiB, "/a/b": None, "/a/b/c": None})
+    host.set_usage("/a", 500 * MiB, 100 * MiB)
+    usage = "memory.current" if host.version == 2 else "memory.usage_in_bytes"
+    os.unlink(host.path(host.level_dir("/a") + "/" + (usage if missing == "usage"
+                                                        else "memory.stat")))
+    m = start(opened, host)
+    assert m.total_memory() == 2 * GiB
+    # Never above the truth: limit - usage without memory.stat, 0 without usage at all,
+    # not the host's 60 GiB.
+    expected = 0 if missing == "usage" else 2 * GiB - 500 * MiB
+    assert m.available_memory() == expected
+    assert "cannot open usage files at /a" in m.status.reason
+
+
+def test_memory_high_and_swap_are_shown_and_throttle_headroom(host: FakeHost,
+                                                              opened: list[Monitor]) -> None:
+    host.make_path({"/a": 1 * GiB, "/a/b": None, "/a/b/c": 512 * MiB})
+    host.set_usage("/a/b/c", 300 * MiB, 50 * MiB)  # working set 250 MiB
+    c = host.level_dir("/a/b/c")
+    if host.version == 2:
+        host.write(c + "/memory.high", f"{256 * MiB}\n")
+        host.write(c + "/memory.swap.max", f"{128 * MiB}\n")
+        host.write(c + "/memory.swap.current", f"{4 * MiB}\n")
+    else:  # memsw counts memory + swap
+        host.write(c + "/memory.memsw.limit_in_bytes", f"{640 * MiB}\n")
+        host.write(c + "/memory.memsw.usage_in_bytes", f"{304 * MiB}\n")
+    m = start(opened, host)
+    leaf = m.levels()[0]
+    assert (leaf.swap_limit, leaf.swap_usage) == (128 * MiB, 4 * MiB)
+    if host.version == 2:
+        assert (leaf.high, leaf.high_headroom) == (256 * MiB, 6 * MiB)
+        assert m.throttle_headroom() == 6 * MiB
+    else:  # v1's soft limit is not a cap: no throttling limit to show
+        assert (leaf.high, leaf.high_headroom) == (None, None)
+        assert m.throttle_headroom() is None
+    # total_memory() and available_memory() keep their meaning
+    assert m.total_memory() == 512 * MiB
+    assert m.available_memory() == 512 * MiB - 250 * MiB
