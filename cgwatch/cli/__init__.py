@@ -45,7 +45,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     top.add_argument("--json", action="store_true", dest="table_json",
                      help="print JSON (sizes in bytes)")
     # Not "command": that is run's CMD.
-    subcommands = top.add_subparsers(dest="subcommand", metavar="{watch,run}")
+    subcommands = top.add_subparsers(dest="subcommand", metavar="{watch,run,serve}")
 
     watch = subcommands.add_parser(
         "watch", parents=[common], prog="cgwatch watch",
@@ -73,7 +73,21 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     # REMAINDER: everything from CMD on is CMD's, its options included.
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
                      help="the command to run")
-    return {"": top, "watch": watch, "run": run}
+
+    serve = subcommands.add_parser(
+        "serve", parents=[common], prog="cgwatch serve",
+        help="serve Prometheus metrics (/metrics) until SIGTERM",
+        description="Serve this process's (or --pid's) cgroup memory figures and the kernel's "
+                    "memory event counters as Prometheus metrics on http://HOST:PORT/metrics, "
+                    "until SIGTERM or SIGINT, or until the --pid process exits. Needs "
+                    "cgwatch[prometheus].")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: loopback only)")
+    serve.add_argument("--port", type=int, default=10109,
+                       help="port (default 10109, outside the exporters' 9100-9999; 0: any)")
+    serve.add_argument("--pid", type=int, default=None,
+                       help="watch process PID's cgroup instead (exits when it does)")
+    return {"": top, "watch": watch, "run": run, "serve": serve}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -95,4 +109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         from . import run
 
         return run.run_command(args)
+    if name == "serve":
+        from . import serve
+
+        return serve.run_serve(args)
     return show.run_show(args.root, args.table_json)
