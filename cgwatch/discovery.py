@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
+from . import values
+
 
 @dataclass(frozen=True)
 class CgroupLine:
@@ -55,10 +57,44 @@ Resolution = Union[Resolved, Unresolved]
 
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
+# The kernel escapes only space, tab, newline and backslash in mountinfo paths
+# (fs/proc_namespace.c show_mountinfo() calls seq_path_root() with " \\t\\n\\\\"). Any other
+# escape giving a control character (NUL above all: open() refuses it) or a non-ASCII code
+# point was not written by the kernel, and its line is refused.
+_KERNEL_CONTROL_ESCAPES = frozenset("\t\n")
+
+
+def _unescape_one(match: re.Match[str]) -> str:
+    char = chr(int(match.group(1), 8))
+    if (char < " " and char not in _KERNEL_CONTROL_ESCAPES) or char > "~":
+        raise ValueError(f"escape \\{match.group(1)} gives {char!r}, which the kernel never "
+                         "escapes")
+    return char
+
 
 def unescape_mount_path(field: str) -> str:
-    """Undo the kernel's octal escapes in mountinfo paths (`\\040` space, `\\011` tab, ...)."""
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+    """Undo the kernel's octal escapes in mountinfo paths (`\\040` space, `\\011` tab, ...).
+
+    Raises ValueError for an escape the kernel never writes (NUL, other control characters,
+    non-ASCII code points)."""
+    return _OCTAL_ESCAPE.sub(_unescape_one, field)
+
+
+def _has_control(path: str) -> bool:
+    return any(c < " " and c not in _KERNEL_CONTROL_ESCAPES for c in path) or "\x7f" in path
+
+
+def mount_point_problem(mount_point: str) -> Optional[str]:
+    """Why a mount point from mountinfo cannot be used: not absolute, a control character (NUL
+    cannot be opened), or a `..` component (joined under a fake `root=`, it would name a file
+    outside that root)."""
+    if not mount_point.startswith("/"):
+        return f"mount point {mount_point!r} is not absolute"
+    if _has_control(mount_point):
+        return f"mount point {mount_point!r} has a control character"
+    if ".." in mount_point.split("/"):
+        return f"mount point {mount_point!r} has a '..' component"
+    return None
 
 
 def parse_proc_cgroup(text: str) -> list[CgroupLine]:
@@ -67,7 +103,7 @@ def parse_proc_cgroup(text: str) -> list[CgroupLine]:
     for raw in text.splitlines():
         # The path may itself contain ':' so split at most twice.
         parts = raw.split(":", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
+        if len(parts) != 3 or not values.is_number(parts[0]):
             continue
         controllers = tuple(c for c in parts[1].split(",") if c)
         lines.append(CgroupLine(int(parts[0]), controllers, parts[2]))
@@ -75,13 +111,21 @@ def parse_proc_cgroup(text: str) -> list[CgroupLine]:
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """Parse the cgroup and cgroup2 mounts of /proc/self/mountinfo (other mounts are skipped).
+    """The usable cgroup and cgroup2 mounts of /proc/self/mountinfo (see
+    `parse_mountinfo_checked`, which also says why a cgroup line was refused)."""
+    return parse_mountinfo_checked(text)[0]
+
+
+def parse_mountinfo_checked(text: str) -> tuple[list[Mount], list[str]]:
+    """Parse the cgroup and cgroup2 mounts of /proc/self/mountinfo (other mounts are skipped);
+    also return why each refused cgroup line was refused (a bad escape, a `..` mount point).
 
     Layout (proc(5)): id parent major:minor root mount-point options [optional...] - fstype
     source super-options. The optional fields vary in number, so the fstype is found after the
     lone '-' separator rather than at a fixed index.
     """
     mounts = []
+    refused = []
     for raw in text.splitlines():
         fields = raw.split(" ")
         try:
@@ -94,15 +138,19 @@ def parse_mountinfo(text: str) -> list[Mount]:
         if fstype not in ("cgroup", "cgroup2"):
             continue
         super_options = tuple(fields[sep + 3].split(",")) if len(fields) > sep + 3 else ()
-        mounts.append(
-            Mount(
-                root=unescape_mount_path(fields[3]),
-                mount_point=unescape_mount_path(fields[4]),
-                fstype=fstype,
-                super_options=super_options,
-            )
-        )
-    return mounts
+        try:
+            root = unescape_mount_path(fields[3])
+            mount_point = unescape_mount_path(fields[4])
+        except ValueError as e:
+            refused.append(f"{fstype} mount line refused: {e}")
+            continue
+        problem = mount_point_problem(mount_point)
+        if problem:
+            refused.append(f"{fstype} mount refused: {problem}")
+            continue
+        mounts.append(Mount(root=root, mount_point=mount_point, fstype=fstype,
+                            super_options=super_options))
+    return mounts, refused
 
 
 def path_contains(ancestor: str, path: str) -> bool:
@@ -134,13 +182,24 @@ def _best_mount(mounts: list[Mount], cgroup_path: str) -> Optional[Mount]:
     return min(containing, key=lambda m: len(m.root.rstrip("/")))
 
 
-def _path_problem(path: str) -> Optional[str]:
+def _path_problem(path: str, version: int) -> Optional[str]:
+    """Why a /proc/self/cgroup path names no directory we can read, compared on whole
+    components: names like `..x`, `...` or `x (deleted)` inside the path are legal cgroups."""
     if not path.startswith("/"):
         return f"cgroup path {path!r} is not absolute"
-    if "/.." in path or path.endswith(" (deleted)"):
-        # '/..' appears when the process's cgroup is outside this cgroup namespace's root;
-        # ' (deleted)' when its cgroup was removed. Neither names a directory we can read.
-        return f"cgroup path {path!r} is outside the visible hierarchy or deleted"
+    if _has_control(path):
+        # Not kernel output (a cgroup name cannot hold NUL); open() would refuse it.
+        return f"cgroup path {path!r} has a control character"
+    if ".." in path.split("/"):
+        # A '..' component appears when the process's cgroup is outside this cgroup
+        # namespace's root (the kernel prints the path relative to that root).
+        return f"cgroup path {path!r} is outside the visible hierarchy"
+    if version == 2 and path.endswith(" (deleted)"):
+        # Only v2 appends " (deleted)" to the whole path of a removed cgroup
+        # (kernel/cgroup/cgroup.c proc_cgroup_show(), cgroup_on_dfl() && cgroup_is_dead()).
+        # A live cgroup whose own name ends so cannot be told apart there and is refused with
+        # this reason; on v1 the kernel never appends it, so there it is a name.
+        return f"cgroup path {path!r} is deleted (or its name ends with ' (deleted)')"
     return None
 
 
@@ -157,14 +216,14 @@ def resolve(
     with the candidate mount point.
     """
     lines = parse_proc_cgroup(proc_cgroup)
-    mounts = parse_mountinfo(mountinfo)
+    mounts, refused = parse_mountinfo_checked(mountinfo)
     reasons = []
 
     v1_line = next(
         (ln for ln in lines if ln.hierarchy_id != 0 and "memory" in ln.controllers), None
     )
     if v1_line is not None:
-        problem = _path_problem(v1_line.path)
+        problem = _path_problem(v1_line.path, 1)
         v1_mounts = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options]
         mount = None if problem else _best_mount(v1_mounts, v1_line.path)
         if problem:
@@ -177,7 +236,7 @@ def resolve(
 
     v2_line = next((ln for ln in lines if ln.hierarchy_id == 0 and ln.controllers == ()), None)
     if v2_line is not None:
-        problem = _path_problem(v2_line.path)
+        problem = _path_problem(v2_line.path, 2)
         v2_mounts = [m for m in mounts if m.fstype == "cgroup2"]
         mount = None if problem else _best_mount(v2_mounts, v2_line.path)
         if problem:
@@ -194,4 +253,5 @@ def resolve(
         reasons.append("/proc/self/cgroup is empty or unreadable")
     elif v1_line is None and v2_line is None:
         reasons.append("no memory controller in /proc/self/cgroup")
+    reasons.extend(refused)
     return Unresolved("; ".join(reasons))

@@ -20,7 +20,7 @@ import threading
 import weakref
 from typing import Optional
 
-from .files import READ_FLAGS, close_quietly, read_fd
+from .files import KEPT_READ_LIMIT, close_quietly, open_regular, read_fd
 
 
 class KeptDir:
@@ -34,19 +34,20 @@ class KeptDir:
         self._fds: dict[str, int] = {}
 
     def fd(self, name: str) -> int:
-        """The descriptor of `name` in this directory; raises OSError if it cannot be opened."""
+        """The descriptor of `name` in this directory; raises OSError if it cannot be opened or
+        is not a regular file (checked once, here: the hot path preads it unchecked)."""
         fd = self._fds.get(name)
         if fd is None:
             with _lock:
                 fd = self._fds.get(name)
                 if fd is None:
-                    fd = os.open(os.path.join(self.directory, name), READ_FLAGS)
+                    fd = open_regular(os.path.join(self.directory, name))
                     self._fds[name] = fd
         return fd
 
     def read(self, name: str) -> bytes:
-        """The whole file, through its kept descriptor."""
-        return read_fd(self.fd(name))
+        """The whole file, through its kept descriptor (OSError past KEPT_READ_LIMIT)."""
+        return read_fd(self.fd(name), KEPT_READ_LIMIT)
 
     def pread(self, name: str, size: int) -> bytes:
         return os.pread(self.fd(name), size, 0)

@@ -16,8 +16,17 @@ import errno
 import os
 from typing import Callable, Optional
 
+from . import values
+from .files import READ_FLAGS
+
 EFD_CLOEXEC = 0o2000000  # == O_CLOEXEC on every Linux architecture Python runs on
 EFD_NONBLOCK = 0o4000  # == O_NONBLOCK (asm-generic; alpha/sparc/parisc differ and use os's)
+
+# Writes to control files never follow a symbolic link and never create a file: under a fake
+# or `--root` tree a link in place of cgroup.event_control or memory.pressure would otherwise
+# make us truncate or write whatever it points at (kernfs has no symlinks among these files).
+WRITE_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+PRESSURE_FLAGS = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _libc_eventfd: Optional[Callable[[int, int], int]] = None
 
@@ -63,11 +72,10 @@ def register_v1(directory: str, control_file: str, argument: str = "") -> int:
     `memory.usage_in_bytes` with a threshold in bytes (usage crossing it either way)."""
     efd = eventfd()
     try:
-        cfd = os.open(os.path.join(directory, control_file), os.O_RDONLY | os.O_CLOEXEC)
+        cfd = os.open(os.path.join(directory, control_file), READ_FLAGS)
         try:
             line = f"{efd} {cfd} {argument}".strip()
-            wfd = os.open(os.path.join(directory, "cgroup.event_control"),
-                          os.O_WRONLY | os.O_CLOEXEC)
+            wfd = os.open(os.path.join(directory, "cgroup.event_control"), WRITE_FLAGS)
             try:
                 os.write(wfd, line.encode())
             finally:
@@ -100,7 +108,8 @@ def unprivileged_trigger(trigger: str) -> Optional[str]:
     """`some 100000 1000000` -> `some 200000 2000000`: the window rounded up to a multiple of
     2 s, the stall threshold scaled with it. None for text that is not a trigger."""
     parts = trigger.split()
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit() or int(parts[2]) == 0:
+    if len(parts) != 3 or not values.is_number(parts[1]) or not values.is_number(parts[2]) \
+            or int(parts[2]) == 0:
         return None
     stall, window = int(parts[1]), int(parts[2])
     wide = -(-window // 2_000_000) * 2_000_000
@@ -108,8 +117,7 @@ def unprivileged_trigger(trigger: str) -> Optional[str]:
 
 
 def _psi_trigger(directory: str, trigger: str) -> int:
-    fd = os.open(os.path.join(directory, "memory.pressure"),
-                 os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    fd = os.open(os.path.join(directory, "memory.pressure"), PRESSURE_FLAGS)
     try:
         os.write(fd, trigger.encode() + b"\0")
     except OSError as e:

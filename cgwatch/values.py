@@ -15,17 +15,32 @@ V1_UNLIMITED_THRESHOLD = 1 << 62
 
 Text = Union[str, bytes]
 
+# What the kernel pads numbers with (a trailing newline); str.strip() would also take Unicode
+# spaces and the \x1c-\x1f separators, which no kernel file holds.
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
+
+
+_MAX_DIGITS = 20
+
 
 def _as_str(data: Text) -> str:
     return data.decode("ascii", "replace") if isinstance(data, bytes) else data
 
 
+def is_number(text: Union[str, bytes]) -> bool:
+    """A non-empty run of ASCII digits and nothing else. `str.isdigit()` alone also takes '²'
+    (which int() then refuses) and Arabic-Indic digits (which int() reads as a number); int()
+    alone takes signs, spaces and underscores. The kernel writes none of these, nor more digits
+    than a u64 has (20: 18446744073709551615); the bound also keeps int() cheap."""
+    return len(text) <= _MAX_DIGITS and text.isascii() and text.isdigit()
+
+
 def parse_limit(data: Text, version: int) -> Optional[int]:
     """A hard limit file (v2 `memory.max`, v1 `memory.limit_in_bytes`): bytes, or None for none."""
-    text = _as_str(data).strip()
+    text = _as_str(data).strip(_ASCII_SPACE)
     if version == 2 and text == "max":
         return None
-    if not text.isdigit():
+    if not is_number(text):
         raise ValueError(f"not a memory limit: {text[:40]!r}")
     value = int(text)
     if version == 1 and value >= V1_UNLIMITED_THRESHOLD:
@@ -35,8 +50,8 @@ def parse_limit(data: Text, version: int) -> Optional[int]:
 
 def parse_counter(data: Text) -> int:
     """A single-number file such as `memory.current` or `memory.usage_in_bytes`."""
-    text = _as_str(data).strip()
-    if not text.isdigit():
+    text = _as_str(data).strip(_ASCII_SPACE)
+    if not is_number(text):
         raise ValueError(f"not a byte count: {text[:40]!r}")
     return int(text)
 
@@ -46,8 +61,8 @@ def parse_flat_keyed(data: Text) -> dict[str, int]:
     result = {}
     for line in _as_str(data).splitlines():
         key, _, value = line.partition(" ")
-        value = value.strip()
-        if key and value.isdigit():
+        value = value.strip(_ASCII_SPACE)
+        if key and is_number(value):
             result[key] = int(value)
     return result
 
@@ -63,7 +78,8 @@ def find_stat_value(data: bytes, key: bytes) -> int:
     start += len(key) + 1
     end = data.find(b"\n", start)
     field = data[start:] if end < 0 else data[start:end]
-    if not field.strip().isdigit():
+    field = field.strip(_ASCII_SPACE.encode())
+    if not is_number(field):
         raise ValueError(f"bad {key.decode()} value in memory.stat: {field[:40]!r}")
     return int(field)
 
@@ -75,7 +91,7 @@ def find_meminfo_value(data: bytes, key: bytes) -> int:
         raise ValueError(f"{key.decode()} missing from meminfo")
     end = data.find(b"\n", start)
     parts = (data[start + len(key) + 1 :] if end < 0 else data[start + len(key) + 1 : end]).split()
-    if not parts or not parts[0].isdigit():
+    if not parts or not is_number(parts[0]):
         raise ValueError(f"bad {key.decode()} in meminfo")
     return int(parts[0]) * (1024 if parts[1:2] == [b"kB"] else 1)
 
@@ -102,12 +118,12 @@ def parse_zoneinfo_reserve_bound(data: Text) -> int:
         parts = stripped.split()
         # The zone's own watermark line is "high <n>" at one indent; per-cpu pageset lines are
         # "high: <n>" (with a colon) and must not be counted.
-        if len(parts) == 2 and parts[0] == "high" and parts[1].isdigit() and high is None:
+        if len(parts) == 2 and parts[0] == "high" and is_number(parts[1]) and high is None:
             high = int(parts[1])
             total += high
         elif stripped.startswith("protection:"):
             inner = stripped[len("protection:") :].strip().strip("()")
-            values = [int(v) for v in inner.replace(",", " ").split() if v.isdigit()]
+            values = [int(v) for v in inner.replace(",", " ").split() if is_number(v)]
             total += max(values, default=0)
     if total == 0:
         raise ValueError("no zone watermarks in zoneinfo")
