@@ -118,6 +118,23 @@ CASES = [
     ("v1 line but no v1 memory mount: v2 used when it has memory",
      "4:memory:/x\n0::/x\n", V2_MOUNTINFO, v2_yes,
      Resolved(2, "/x", "/sys/fs/cgroup", "/", "/sys/fs/cgroup/x")),
+    # Legal names that merely look like '..' or the kernel's " (deleted)" marker: the checks
+    # are on whole components (issue 11).
+    ("names starting with '..' and '...' are names", "0::/..x/.../y..\n", V2_MOUNTINFO, v2_yes,
+     Resolved(2, "/..x/.../y..", "/sys/fs/cgroup", "/", "/sys/fs/cgroup/..x/.../y..")),
+    ("v1 never appends ' (deleted)': a name ending so resolves",
+     "4:memory:/jobs/x (deleted)\n", HYBRID_MOUNTINFO, v2_no,
+     Resolved(1, "/jobs/x (deleted)", "/sys/fs/cgroup/memory", "/",
+              "/sys/fs/cgroup/memory/jobs/x (deleted)")),
+    ("v2: ' (deleted)' inside the path is a name", "0::/x (deleted)/y\n", V2_MOUNTINFO, v2_yes,
+     Resolved(2, "/x (deleted)/y", "/sys/fs/cgroup", "/", "/sys/fs/cgroup/x (deleted)/y")),
+    ("a second memory mount with a refused escape does not hide the good one", V2_CGROUP,
+     "36 24 0:31 / /x\\000y rw - cgroup2 cgroup2 rw\n" + V2_MOUNTINFO, v2_yes,
+     Resolved(2, "/user.slice/user-1000.slice/session-3.scope", "/sys/fs/cgroup", "/",
+              "/sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope")),
+    ("hierarchy id with a superscript digit: that line is skipped, v2 used",
+     "\u00b2:memory:/x\n0::/x\n", V2_MOUNTINFO, v2_yes,
+     Resolved(2, "/x", "/sys/fs/cgroup", "/", "/sys/fs/cgroup/x")),
 ]
 
 
@@ -142,6 +159,33 @@ UNRESOLVED = [
     ("empty input", "", "", v2_yes, "empty"),
     ("garbage", "\x00\x01garbage\nnot:a\n", "garbage - line\n", v2_yes, "empty"),
     ("no memory in cgroup file", "1:cpu:/\n", HYBRID_MOUNTINFO, v2_yes, "no memory controller"),
+    # Strict numbers: Arabic-Indic and superscript hierarchy ids are not ids.
+    ("Arabic-Indic hierarchy id", "\u0664:memory:/x\n", HYBRID_MOUNTINFO, v2_no, "empty"),
+    ("superscript hierarchy id", "\u00b2:memory:/x\n", HYBRID_MOUNTINFO, v2_no, "empty"),
+    # A NUL (or another control character) from an escape: the line is refused, and why.
+    ("NUL escape in the memory mount point", HYBRID_CGROUP,
+     "35 31 0:32 / /sys/fs/cgroup/mem\\000ory rw - cgroup cgroup rw,memory\n", v2_no,
+     "escape \\000"),
+    ("control escape in the v2 mount point", V2_CGROUP,
+     "35 24 0:30 / /sys/fs/\\001cg rw - cgroup2 cgroup2 rw\n", v2_yes, "escape \\001"),
+    ("non-ASCII escape in the mount root", "4:memory:/a\n",
+     "35 31 0:32 /\\777 /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n", v2_no,
+     "escape \\777"),
+    ("raw NUL in the mount point (not kernel output)", HYBRID_CGROUP,
+     "35 31 0:32 / /sys/fs/cgroup/mem\x00ory rw - cgroup cgroup rw,memory\n", v2_no,
+     "control character"),
+    ("raw NUL in the cgroup path", "4:memory:/a\x00b\n", HYBRID_MOUNTINFO, v2_no,
+     "control character"),
+    # '..' in a mount point would read outside a fake root: refused.
+    ("mount point with '..'", HYBRID_CGROUP,
+     "35 31 0:32 / /sys/fs/cgroup/../../../etc rw - cgroup cgroup rw,memory\n", v2_no,
+     "'..' component"),
+    ("relative mount point", V2_CGROUP, "35 24 0:30 / sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+     v2_yes, "not absolute"),
+    ("'..' as a middle component of the cgroup path", "0::/a/../b\n", V2_MOUNTINFO, v2_yes,
+     "outside the visible hierarchy"),
+    ("v2 ' (deleted)' suffix on the whole path", "0::/a/b (deleted)\n", V2_MOUNTINFO, v2_yes,
+     "deleted"),
 ]
 
 
@@ -161,9 +205,28 @@ def test_unresolved_says_why(name: str, cgroup: str, mountinfo: str, v2_check: o
     ("/nl\\012x", "/nl\nx"),
     ("/back\\134slash", "/back\\slash"),
     ("/not\\08escape", "/not\\08escape"),
+    ("/printable\\101", "/printableA"),  # not what the kernel writes, but harmless
 ])
 def test_unescape(raw: str, expected: str) -> None:
     assert discovery.unescape_mount_path(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["/nul\\000", "/bell\\007", "/esc\\033x", "/del\\177",
+                                 "/high\\200", "/max\\777"])
+def test_unescape_refuses_what_the_kernel_never_escapes(raw: str) -> None:
+    with pytest.raises(ValueError, match="never escapes"):
+        discovery.unescape_mount_path(raw)
+
+
+def test_refused_mount_lines_say_why() -> None:
+    text = ("35 31 0:32 / /a\\000 rw - cgroup cgroup rw,memory\n"
+            "36 31 0:33 / /b/.. rw - cgroup2 cgroup2 rw\n"
+            "37 31 0:34 / /c\\000 rw - ext4 /dev/sda rw\n"  # not cgroup: skipped, no reason
+            + V2_MOUNTINFO)
+    mounts, refused = discovery.parse_mountinfo_checked(text)
+    assert [m.mount_point for m in mounts] == ["/sys/fs/cgroup"]
+    assert len(refused) == 2
+    assert "\\000" in refused[0] and "'..'" in refused[1]
 
 
 @pytest.mark.parametrize(("ancestor", "path", "expected"), [

@@ -30,6 +30,16 @@ V1_OOM_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
     ("memory.failcnt", "4711\n", {"failcnt": 4711}),
     ("memory.events", b"max 5\noom_kill 0\n", {"max": 5, "oom_kill": 0}),
     ("memory.events", "", {}),
+    # Strict numbers (issue 11): a superscript or Arabic-Indic digit passes str.isdigit() but
+    # is not a kernel number; the line is skipped, the others still count.
+    ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill \u00b2\n", {"under_oom": 0}),
+    ("memory.events", "max \u0661\u0662\u0663\noom_kill 1\n", {"oom_kill": 1}),
+    ("memory.events", b"max 1_000\nmax2 +5\nmax3 -1\noom_kill 2\n", {"oom_kill": 2}),
+    # one digit over u64 (21 digits) is not a counter; 20 digits is
+    ("memory.events", "max 184467440737095516150\nhigh 18446744073709551615\n",
+     {"high": 18446744073709551615}),
+    ("memory.events", "max " + "9" * 5000 + "\noom 0\n", {"oom": 0}),
+    ("memory.failcnt", " 7 \n", {"failcnt": 7}),
 ])
 def test_parse_counters(source: str, text: str, expected: dict[str, int]) -> None:
     assert counters.parse_counters(source, text) == expected
@@ -38,6 +48,12 @@ def test_parse_counters(source: str, text: str, expected: dict[str, int]) -> Non
 @pytest.mark.parametrize("source, text", [
     ("memory.failcnt", "lots\n"),
     ("memory.events", "garbage without numbers\n"),
+    ("memory.failcnt", "\u00b2\n"),
+    ("memory.failcnt", "\u0661\u0662\u0663\n"),
+    ("memory.failcnt", "4711\x00\n"),
+    ("memory.failcnt", "1_000\n"),
+    ("memory.failcnt", "-1\n"),
+    ("memory.oom_control", "oom_kill \u00b2\n"),
 ])
 def test_parse_counters_rejects(source: str, text: str) -> None:
     with pytest.raises(ValueError):
@@ -201,6 +217,9 @@ def test_limit_text(limit: Optional[int], path_limit: Optional[tuple[int, str]],
     ("some 500000 3000000", "some 666666 4000000"),
     ("some 100000", None),
     ("some x 1000000", None),
+    ("some \u0661 1000000", None),
+    ("some 100000 \u00b2", None),
+    ("some 1_000 1000000", None),
 ])
 def test_unprivileged_psi_trigger(trigger: str, expected: Optional[str]) -> None:
     assert notify.unprivileged_trigger(trigger) == expected

@@ -20,13 +20,27 @@ V1_UNLIMITED = "9223372036854771712\n"  # 2^63-1 rounded down to 4 KiB pages, as
     ("9223372036854710272\n", 1, None),  # the same sentinel with 64 KiB pages (arm64, ppc64)
     ("104857600\n", 1, 100 << 20),
     (b"67108864\n", 1, 64 << 20),
+    # the largest u64 (what some tools write for "no limit") is unlimited on v1, and on v2 a
+    # (huge) limit the host's MemTotal then caps
+    ("18446744073709551615\n", 1, None),
+    ("18446744073709551615\n", 2, 18446744073709551615),
+    (" 123 \n", 2, 123),  # ASCII padding is not a digit problem
 ])
 def test_parse_limit(text: str, version: int, expected: Optional[int]) -> None:
     assert values.parse_limit(text, version) == expected
 
 
-@pytest.mark.parametrize(("text", "version"), [("", 2), ("max\n", 1), ("-1\n", 1), ("12ab", 2),
-                                               ("\x00\x00", 2)])
+@pytest.mark.parametrize(("text", "version"), [
+    ("", 2), ("max\n", 1), ("-1\n", 1), ("12ab", 2), ("\x00\x00", 2),
+    # str.isdigit() accepts these; int() then raises (superscript) or reads 123 (Arabic-Indic)
+    ("\u00b2\n", 2), ("\u0661\u0662\u0663\n", 2), ("\u0661\u0662\u0663\n", 1),
+    ("\uff11\uff12\n", 2),  # fullwidth digits
+    ("123\x00", 2), ("123\x00\n", 1),  # a NUL after the number
+    ("1_000\n", 2), ("+5\n", 2), ("0x10\n", 2),  # int() would take the first two
+    ("\u00a0123\n", 2), ("\x1c123\n", 2),  # str.strip() would take these; the kernel never pads so
+    ("1" * 21 + "\n", 2), ("9" * 5000, 1),  # more digits than a u64 has
+    (b"\xd9\xa1\xd9\xa2\n", 2),  # Arabic-Indic digits as UTF-8 bytes
+])
 def test_parse_limit_rejects_garbage(text: str, version: int) -> None:
     with pytest.raises(ValueError):
         values.parse_limit(text, version)
@@ -61,7 +75,10 @@ def test_find_stat_value(data: bytes, version: int, expected: int) -> None:
 
 
 @pytest.mark.parametrize("data", [b"", b"inactive_anon 5\n", b"inactive_file x\n",
-                                  b"total_inactive_file\n"])
+                                  b"total_inactive_file\n",
+                                  "inactive_file \u00b2\n".encode(),
+                                  b"inactive_file 1_000\n", b"inactive_file 5\x00\n",
+                                  b"inactive_file " + b"9" * 30 + b"\n"])
 def test_find_stat_value_missing(data: bytes) -> None:
     with pytest.raises(ValueError):
         values.find_stat_value(data, b"inactive_file" if b"total" not in data else
@@ -84,12 +101,26 @@ def test_meminfo() -> None:
         values.find_meminfo_value(MEMINFO, b"SwapTotal")
 
 
+@pytest.mark.parametrize("data", [
+    "MemAvailable: \u0661\u0662\u0663 kB\n".encode(),
+    b"MemAvailable: 1_000 kB\n",
+    b"MemAvailable: 12\x00 kB\n",
+    b"MemAvailable: " + b"9" * 400 + b" kB\n",
+    b"MemAvailable:\n",
+])
+def test_meminfo_rejects_non_numbers(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        values.find_meminfo_value(data, b"MemAvailable")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("low 0\nhigh 12\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n",
      {"low": 0, "high": 12, "max": 3, "oom": 1, "oom_kill": 1, "oom_group_kill": 0}),
     ("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
      {"oom_kill_disable": 0, "under_oom": 0, "oom_kill": 4}),
     ("garbage\nhigh x\n", {}),
+    ("oom_kill \u00b2\nmax \u0661\u0662\u0663\nhigh 4\n", {"high": 4}),
+    ("max 12\x00\nhigh 1_0\nlow +1\n", {}),
 ])
 def test_flat_keyed(text: str, expected: dict[str, int]) -> None:
     assert values.parse_flat_keyed(text) == expected
@@ -127,3 +158,8 @@ def test_zoneinfo_reserve_bound() -> None:
     assert values.parse_zoneinfo_reserve_bound(ZONEINFO) == (67 + 5579) + (13676 + 2560)
     with pytest.raises(ValueError):
         values.parse_zoneinfo_reserve_bound("")
+
+
+def test_zoneinfo_ignores_non_ascii_digits() -> None:
+    text = ZONEINFO.replace("high     67", "high     \u0666\u0667")
+    assert values.parse_zoneinfo_reserve_bound(text) == 5579 + (13676 + 2560)
