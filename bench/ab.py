@@ -1,11 +1,15 @@
 """A/B: copies of the cgwatch package timed against each other in one process.
 
     python -m bench.ab BASE/cgwatch CHANGED/cgwatch [MORE/cgwatch ...] [--quick]
+        [--only calls|latency|startup|events] [--trials N]
 
 For judging a proposed library change on a noisy machine: the packages are loaded side by
 side (as cgwatch_a, cgwatch_b, ...), their queries are timed interleaved in the same rounds, in
-the same cgroups, next to psutil; limit-write latency alternates blocks of trials between a
-monitor of each (never two alive at once, so their threads do not compete).
+the same cgroups, next to psutil and the bare-syscall floors (bench/reference.py); a package
+whose Monitor takes `fresh` / `thread` / `confirm_interval` also gets those modes timed.
+Limit-write latency and OOM kill -> callback alternate blocks of trials between a monitor of
+each (never two alive at once, so their threads do not compete); Monitor() start-up
+alternates single constructions. The goals table at the end compares every package with A.
 """
 
 from __future__ import annotations
@@ -13,15 +17,19 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import sys
 from types import ModuleType
 from typing import Any, Callable
 
 import psutil
 
-from bench import cgroups, events_latency, latency, timing
+from bench import calls, cgroups, events_latency, idle, latency, reference, report, timing
 
 SHAPES = ((0, "none"), (1, "leaf"), (10, "leaf"), (10, "all"))
+STARTUP_SHAPES = ((0, "none"), (10, "all"))
+TOLERANCE = 0.10  # "no worse than A": within 10% (this machine's run-to-run noise) ...
+SLACK_MS = 0.05  # ... or 50 us, for latencies so small that 10% is below the timer's noise
 
 
 def load(alias: str, package_dir: str) -> ModuleType:
@@ -37,31 +45,149 @@ def load(alias: str, package_dir: str) -> ModuleType:
     return module
 
 
+def forget_default(package: ModuleType) -> None:
+    """Close the package's process-wide monitor and forget it, so the next module-function
+    call makes one where the process is now (a closed one would answer from uncached reads).
+    Neither the old nor the new cgwatch has a public way to replace the default monitor;
+    both keep it in `_default`, so that private name is used, and only here."""
+    monitor = getattr(package, "_default", None)
+    if monitor is not None:
+        monitor.close()
+    package._default = None
+
+
+def where(depth: int, limited: str) -> str:
+    return "own cgroup" if depth == 0 else f"depth {depth}, {limited} limited"
+
+
+def _place(depth: int, limited: str, run: Callable[[], Any]) -> Any:
+    """run() in the process's own cgroup (depth 0) or in a nest made for it."""
+    if depth == 0:
+        return run()
+    with cgroups.nest(depth, limited, 4 * cgroups.GiB) as nest, cgroups.inside(nest):
+        return run()
+
+
+# ---- call cost ---------------------------------------------------------------------------
+
+
+def _candidates(packages: dict[str, ModuleType], monitors: dict[str, Any]
+                ) -> dict[str, Callable[[], object]]:
+    """Every package's queries (and its freshness modes, when it has them), made now."""
+    candidates: dict[str, Callable[[], object]] = {}
+    for name, package in packages.items():
+        monitors[name] = monitor = package.Monitor()
+        candidates[f"{name}.total"] = monitor.total_memory
+        candidates[f"{name}.available"] = monitor.available_memory
+        candidates[f"{name}.module total"] = package.total_memory
+        for mode, kwargs in calls.VARIANTS.items():
+            made = calls.variant(package, **kwargs)
+            if made is not None:
+                monitors[f"{name} {mode}"] = made
+                candidates[f"{name}.total {mode}"] = made.total_memory
+    return candidates
+
+
 def _calls(packages: dict[str, ModuleType], rounds: int, batch: float) -> dict[str, float]:
-    monitors = {name: package.Monitor() for name, package in packages.items()}
+    monitors: dict[str, Any] = {}
+    kept = reference.KeptReads()
+    floors = reference.FreshnessFloors()
     try:
-        candidates: dict[str, Callable[[], object]] = {"psutil": psutil.virtual_memory}
-        for name, monitor in monitors.items():
-            candidates[f"{name}.total"] = monitor.total_memory
-            candidates[f"{name}.available"] = monitor.available_memory
-            candidates[f"{name}.module total"] = packages[name].total_memory
+        candidates: dict[str, Callable[[], object]] = {
+            "psutil": psutil.virtual_memory, "floor.available": kept,
+            "floor.pending": floors.pending, "floor.confirm": floors.confirm,
+            **_candidates(packages, monitors)}
         return {k: v.best * 1e9 for k, v in
                 timing.interleaved(candidates, rounds, batch).items()}
     finally:
-        for name, monitor in monitors.items():
+        for monitor in monitors.values():
             monitor.close()
-            packages[name].default_monitor().close()  # it must not follow us to the next place
-            packages[name]._default = None
+        for package in packages.values():
+            forget_default(package)  # it must not follow us to the next place
+        kept.close()
+        floors.close()
 
 
-def _latency(packages: dict[str, ModuleType], nest: cgroups.Nest, base: int, trials: int,
-             poller: str, block: int = 50) -> dict[str, Any]:
-    seconds: dict[str, list[float]] = {name: [] for name in packages}
+def _call_rows(packages: dict[str, ModuleType], place: str, best: dict[str, float]) -> None:
+    others = list(packages)[1:]
+    for fn in ("total", "available", "module total"):
+        base = best[f"A.{fn}"]
+        cells = " | ".join(f"{best[f'{o}.{fn}']:.0f} ns | {best[f'{o}.{fn}'] / base:.3f} "
+                           f"| {best[f'{o}.{fn}'] / best['psutil']:.4f}" for o in others)
+        print(f"| {place} | {fn} | {base:.0f} ns | {base / best['psutil']:.4f} | {cells} |",
+              flush=True)
+
+
+def _call_table(packages: dict[str, ModuleType], rounds: int, batch: float
+                ) -> dict[str, dict[str, float]]:
+    others = list(packages)[1:]
+    print("\n| where | fn | A | A/psutil | "
+          + " | ".join(f"{o} | {o}/A | {o}/psutil" for o in others)
+          + " |\n|---|---|---|---|" + "---|---|---|" * len(others))
+    results = {}
+    for depth, limited in SHAPES:
+        place = where(depth, limited)
+        results[place] = best = _place(depth, limited,
+                                       lambda: _calls(packages, rounds, batch))
+        _call_rows(packages, place, best)
+    print(f"\npsutil.virtual_memory() in the last row: {best['psutil']:.0f} ns")
+    _freshness_table(packages, results)
+    _floor_table(packages, results)
+    return results
+
+
+def _freshness_table(packages: dict[str, ModuleType],
+                     results: dict[str, dict[str, float]]) -> None:
+    """total_memory() in every mode each package has, and the floors under the checks."""
+    modes = [("default", "")] + [(mode, f" {mode}") for mode in calls.VARIANTS]
+    print("\n| total_memory() | package, mode | per call | /psutil | /A default |\n"
+          "|---|---|---|---|---|")
+    for place, best in results.items():
+        rows = [(f"{name}, {mode}", best[f"{name}.total{suffix}"])
+                for name in packages for mode, suffix in modes
+                if f"{name}.total{suffix}" in best]
+        rows += [("floor: epoll_wait(0) on an idle inotify fd", best["floor.pending"]),
+                 ("floor: pread of a kept /proc/self/cgroup fd", best["floor.confirm"])]
+        for label, ns in rows:
+            print(f"| {place} | {label} | {ns:.0f} ns | {report.ratio(ns, best['psutil'])} "
+                  f"| {ns / best['A.total']:.2f} |")
+
+
+def _floor_table(packages: dict[str, ModuleType], results: dict[str, dict[str, float]]) -> None:
+    print("\n| available_memory() | kept-fd reads alone | "
+          + " | ".join(f"{name} | {name}/floor" for name in packages)
+          + " |\n|---|---|" + "---|---|" * len(packages))
+    for place, best in results.items():
+        floor = best["floor.available"]
+        cells = " | ".join(f"{best[f'{name}.available']:.0f} ns "
+                           f"| {best[f'{name}.available'] / floor:.3f}" for name in packages)
+        print(f"| {place} | {floor:.0f} ns | {cells} |")
+
+
+# ---- limit-write latency -----------------------------------------------------------------
+
+
+def _latency_monitors(packages: dict[str, ModuleType]) -> dict[str, Callable[[], Any]]:
+    """name -> a monitor factory: every package as it comes, and with fresh=False when it
+    has that mode (its queries then wait for the thread, as before read-your-writes)."""
+    made: dict[str, Callable[[], Any]] = {}
+    for name, package in packages.items():
+        made[name] = package.Monitor
+        probe = calls.variant(package, fresh=False)
+        if probe is not None:
+            probe.close()
+            made[f"{name} fresh=False"] = lambda p=package: p.Monitor(fresh=False)
+    return made
+
+
+def _latency(factories: dict[str, Callable[[], Any]], nest: cgroups.Nest, base: int,
+             trials: int, poller: str, block: int = 50) -> dict[str, Any]:
+    seconds: dict[str, list[float]] = {name: [] for name in factories}
     if poller == "spin":
         seconds["floor (bare thread)"] = []
     while min(len(s) for s in seconds.values()) < trials:
-        for name, package in packages.items():
-            with package.Monitor() as monitor:
+        for name, factory in factories.items():
+            with factory() as monitor:
                 seconds[name] += latency.limit_write_seconds(
                     nest, monitor.total_memory, base, block, poller)
         if poller == "spin":
@@ -69,78 +195,174 @@ def _latency(packages: dict[str, ModuleType], nest: cgroups.Nest, base: int, tri
     return {name: latency.summarize(s) for name, s in seconds.items()}
 
 
+def _latency_table(packages: dict[str, ModuleType], trials: int) -> dict[str, Any]:
+    limit = 4 * cgroups.GiB
+    factories = _latency_monitors(packages)
+    print("\n| limit write -> new value | poller | trials | p50 | p99 | max | > 5 ms |\n"
+          "|---|---|---|---|---|---|---|")
+    results = {}
+    with cgroups.nest(1, "leaf", limit) as nest, cgroups.inside(nest):
+        for poller in ("spin", "yield"):
+            results[poller] = lat = _latency(factories, nest, limit, trials, poller)
+            for name, s in lat.items():
+                print(f"| {name} | {poller} | {s['trials']} | {s['p50_ms']:.2f} ms "
+                      f"| {s['p99_ms']:.2f} ms | {s['max_ms']:.2f} ms | {s['over_5ms']} |",
+                      flush=True)
+    return results
+
+
+# ---- Monitor() start-up --------------------------------------------------------------------
+
+
+def _startups(packages: dict[str, ModuleType], repeat: int) -> dict[str, list[float]]:
+    """Seconds per Monitor() construction, alternating packages (the order rotates), each
+    from a process with no cgwatch thread (idle.startup_seconds)."""
+    names = list(packages)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for package in packages.values():
+        forget_default(package)
+    for r in range(repeat):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            found = idle.startup_seconds(packages[name].Monitor)
+            if found is not None:
+                seconds[name].append(found)
+    return seconds
+
+
+def _startup_table(packages: dict[str, ModuleType], repeat: int) -> dict[str, Any]:
+    print("\n| Monitor() start-up | package | best | median | constructions |\n"
+          "|---|---|---|---|---|")
+    results: dict[str, Any] = {}
+    for depth, limited in STARTUP_SHAPES:
+        place = where(depth, limited)
+        seconds = _place(depth, limited, lambda: _startups(packages, repeat))
+        results[place] = {}
+        for name, s in seconds.items():
+            results[place][name] = {"best_ms": min(s) * 1e3,
+                                    "median_ms": statistics.median(s) * 1e3}
+            print(f"| {place} | {name} | {min(s) * 1e3:.2f} ms "
+                  f"| {statistics.median(s) * 1e3:.2f} ms | {len(s)} |", flush=True)
+    return results
+
+
+# ---- OOM kill -> Events callback ------------------------------------------------------------
+
+
+def _events_table(packages: dict[str, ModuleType], trials: int, block: int = 20
+                  ) -> dict[str, Any]:
+    """OOM kill -> Events callback, alternating blocks of trials between the packages; the
+    bare-thread floor runs through every block and is shown per package (what the floor
+    gets while that package's Events is alive: a busy cgwatch thread slows it too)."""
+    first: dict[str, list[float]] = {name: [] for name in packages}
+    floor: dict[str, list[float]] = {name: [] for name in packages}
+    stale = dict.fromkeys(packages, 0)
+    with cgroups.nest(1, "leaf", 4 * cgroups.GiB) as nest, cgroups.inside(nest):
+        while min(len(s) for s in first.values()) < trials:
+            for name, package in packages.items():
+                found = events_latency.oom_latency(nest, block, package)
+                first[name] += found["first_event_seconds"]
+                floor[name] += found["floor_seconds"]
+                stale[name] += found["stale_events"]
+    print("\n| OOM kill -> first Events callback | trials | p50 | p99 | max "
+          "| earlier trials' events (ignored) |\n|---|---|---|---|---|---|")
+    results = {}
+    for name in packages:
+        rows = [(name, first[name], str(stale[name])),
+                (f"floor (bare thread) beside {name}", floor[name], "")]
+        for label, s, extra in rows:
+            if not s:
+                continue
+            r = latency.summarize(s)
+            if label == name:
+                results[name] = r
+            print(f"| {label} | {r['trials']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms "
+                  f"| {r['max_ms']:.2f} ms | {extra} |")
+    return results
+
+
+# ---- goals ----------------------------------------------------------------------------------
+
+
+def _goal(title: str, value: float, limit: float, shown: str) -> None:
+    print(f"| {title} | {shown} | {'PASS' if value <= limit else 'MISS'} |")
+
+
+def _call_goals(name: str, results: dict[str, dict[str, float]]) -> None:
+    """The issue's call-cost goals, for a package that has the freshness modes."""
+    if not any(f"{name}.total fresh=False" in best for best in results.values()):
+        return
+    fresh = max((best[f"{name}.{fn}"] / best["psutil"], f"{place}, {fn}")
+                for place, best in results.items()
+                for fn in ("total", "module total", "total thread=False")
+                if f"{name}.{fn}" in best)
+    _goal(f"{name}: total_memory() <= 1/30 of psutil, read-your-writes (worst)", fresh[0],
+          report.TOTAL_FRESH_RATIO, f"1/{1 / fresh[0]:.0f} ({fresh[1]})")
+    trusted = max((best[f"{name}.total fresh=False"] / best["psutil"], place)
+                  for place, best in results.items())
+    _goal(f"{name}: total_memory() <= 1/300 of psutil, fresh=False (worst)", trusted[0],
+          report.TOTAL_TRUSTED_RATIO, f"1/{1 / trusted[0]:.0f} ({trusted[1]})")
+    one = results.get(where(1, "leaf"))
+    if one is not None:
+        r = one[f"{name}.available"] / one["floor.available"]
+        _goal(f"{name}: available_memory(), 1 limited level <= 1.2x kept-fd reads alone", r,
+              report.AVAILABLE_FLOOR_RATIO, f"{r:.3f}x")
+
+
+def _no_worse(title: str, a: float, b: float, slack_ms: float = SLACK_MS) -> None:
+    _goal(f"{title}: no worse than A (within {TOLERANCE:.0%} or {slack_ms * 1e3:.0f} us)", b,
+          max(a * (1 + TOLERANCE), a + slack_ms), f"{a:.2f} -> {b:.2f} ms")
+
+
+def _goals(packages: dict[str, ModuleType], found: dict[str, Any]) -> None:
+    print("\n| goal | measured (A -> other) | result |\n|---|---|---|")
+    for name in list(packages)[1:]:
+        if "calls" in found:
+            _call_goals(name, found["calls"])
+        for poller, lat in found.get("latency", {}).items():
+            for key in (name, f"{name} fresh=False"):
+                for stat in ("p50_ms", "p99_ms"):
+                    if key in lat:
+                        _no_worse(f"{key}: limit write -> new value, {poller}, {stat[:3]}",
+                                  lat["A"][stat], lat[key][stat])
+        for place, per in found.get("startup", {}).items():
+            _no_worse(f"{name}: Monitor() start-up ({place}), best", per["A"]["best_ms"],
+                      per[name]["best_ms"], slack_ms=0.0)
+        ev = found.get("events")
+        if ev:
+            for stat in ("p50_ms", "p99_ms"):
+                _no_worse(f"{name}: OOM kill -> first callback, {stat[:3]}", ev["A"][stat],
+                          ev[name][stat])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     parser.add_argument("packages", nargs="+", help="cgwatch package directories; the first is "
                         "the baseline the others are compared with")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("calls", "latency", "events"),
+    parser.add_argument("--only", choices=("calls", "latency", "startup", "events"),
                         help="run one section (events: only with --only)")
     parser.add_argument("--trials", type=int, help="latency trials per package")
     args = parser.parse_args()
     packages = {chr(ord("A") + i): load(f"cgwatch_{chr(ord('a') + i)}", path)
                 for i, path in enumerate(args.packages)}
-    rounds, batch, trials = (15, 0.005, 100) if args.quick else (101, 0.005, 300)
+    rounds, batch, trials, starts = (15, 0.005, 100, 20) if args.quick else (101, 0.005, 300,
+                                                                              100)
     trials = args.trials or trials
     for name, path in zip(packages, args.packages):
         print(f"{name} = {path}")
-    if args.only is None or args.only == "calls":
-        _call_table(packages, rounds, batch)
-    if args.only is None or args.only == "latency":
-        _latency_table(packages, trials)
+    found: dict[str, Any] = {}
+    if args.only in (None, "calls"):
+        found["calls"] = _call_table(packages, rounds, batch)
+    if args.only in (None, "latency"):
+        found["latency"] = _latency_table(packages, trials)
+    if args.only in (None, "startup"):
+        found["startup"] = _startup_table(packages, starts)
     if args.only == "events":
-        _events_table(packages, args.trials or 100)
+        found["events"] = _events_table(packages, args.trials or 100)
+    if len(packages) > 1:
+        _goals(packages, found)
     return 0
-
-
-def _events_table(packages: dict[str, ModuleType], trials: int, block: int = 20) -> None:
-    """OOM kill -> Events callback, alternating blocks of trials between the packages."""
-    first: dict[str, list[float]] = {name: [] for name in packages}
-    with cgroups.nest(1, "leaf", 4 * cgroups.GiB) as nest, cgroups.inside(nest):
-        while min(len(s) for s in first.values()) < trials:
-            for name, package in packages.items():
-                seconds = events_latency.oom_latency(nest, block, package)["first_event_seconds"]
-                first[name] += seconds
-    print("\n| OOM kill -> first Events callback | trials | p50 | p99 | max |\n"
-          "|---|---|---|---|---|")
-    for name, s in first.items():
-        r = latency.summarize(s)
-        print(f"| {name} | {r['trials']} | {r['p50_ms']:.2f} ms | {r['p99_ms']:.2f} ms "
-              f"| {r['max_ms']:.2f} ms |")
-
-
-def _call_table(packages: dict[str, ModuleType], rounds: int, batch: float) -> None:
-    others = list(packages)[1:]
-    print("\n| where | fn | A | " + " | ".join(f"{o} | {o}/A" for o in others)
-          + " | A/psutil |\n|---|---|---|" + "---|---|" * len(others) + "---|")
-    limit = 4 * cgroups.GiB
-    for depth, limited in SHAPES:
-        name = "own cgroup" if depth == 0 else f"depth {depth}, {limited} limited"
-        if depth == 0:
-            best = _calls(packages, rounds, batch)
-        else:
-            with cgroups.nest(depth, limited, limit) as nest, cgroups.inside(nest):
-                best = _calls(packages, rounds, batch)
-        for fn in ("total", "available", "module total"):
-            base = best[f"A.{fn}"]
-            cells = " | ".join(f"{best[f'{o}.{fn}']:.0f} ns | {best[f'{o}.{fn}'] / base:.3f}"
-                               for o in others)
-            print(f"| {name} | {fn} | {base:.0f} ns | {cells} | {base / best['psutil']:.4f} |",
-                  flush=True)
-    print(f"\npsutil.virtual_memory() in the last row: {best['psutil']:.0f} ns")
-
-
-def _latency_table(packages: dict[str, ModuleType], trials: int) -> None:
-    limit = 4 * cgroups.GiB
-    print("\n| limit write -> new value | poller | trials | p50 | p99 | max | > 5 ms |\n"
-          "|---|---|---|---|---|---|---|")
-    with cgroups.nest(1, "leaf", limit) as nest, cgroups.inside(nest):
-        for poller in ("spin", "yield"):
-            lat = _latency(packages, nest, limit, trials, poller)
-            for name, s in lat.items():
-                print(f"| {name} | {poller} | {s['trials']} | {s['p50_ms']:.2f} ms "
-                      f"| {s['p99_ms']:.2f} ms | {s['max_ms']:.2f} ms | {s['over_5ms']} |",
-                      flush=True)
 
 
 if __name__ == "__main__":

@@ -59,35 +59,52 @@ def available() -> str:
 
 
 class _Recorder:
-    """Callback that timestamps the first event and the first oom_kill after arm()."""
+    """Callback that timestamps every event after arm(); a trial takes the first event, and
+    the first oom_kill, at or after its child's timestamp. Events before it are the previous
+    trial's (a rescan or poll that lands after the next trial began) and are only counted:
+    taking them as this trial's first event gave negative latencies."""
 
     def __init__(self) -> None:
-        self.first: Optional[float] = None
-        self.kill: Optional[float] = None
-        self.counters: list[str] = []
-        self.done = threading.Event()
+        self.seen: list[tuple[float, str]] = []  # (perf_counter() at the callback, counter)
+        self.cond = threading.Condition()
 
     def arm(self) -> None:
-        self.first = self.kill = None
-        self.counters = []
-        self.done.clear()
+        with self.cond:
+            self.seen = []
 
     def __call__(self, item: Any) -> None:
         now = time.perf_counter()
         if getattr(item, "kind", "") != "event":
             return
-        self.counters.append(item.counter)
-        if self.first is None:
-            self.first = now
-        if item.counter == "oom_kill" and self.kill is None:
-            self.kill = now
-            self.done.set()
+        with self.cond:
+            self.seen.append((now, item.counter))
+            self.cond.notify_all()
+
+    def stale(self, start: float) -> int:
+        with self.cond:
+            return sum(1 for t, _ in self.seen if t < start)
+
+    def after(self, start: float, timeout: float) -> Optional[tuple[float, float]]:
+        """(first event, first oom_kill) at or after `start`, waiting up to `timeout` s for
+        the oom_kill; None if it did not come."""
+        deadline = time.perf_counter() + timeout
+        with self.cond:
+            while True:
+                later = [(t, counter) for t, counter in self.seen if t >= start]
+                kills = [t for t, counter in later if counter == "oom_kill"]
+                if kills:
+                    return later[0][0], kills[0]
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    return None
+                self.cond.wait(remaining)
 
 
 class _Floor:
     """No cgwatch: a bare thread blocked on the kernel's own notification for the leaf (v1: an
     eventfd registered for memory.oom_control; v2: inotify on memory.events), timestamping its
-    first wake-up after arm(). The kernel's and Python's share of the latency."""
+    wake-ups; a trial takes the first at or after its child's timestamp. The kernel's and
+    Python's share of the latency."""
 
     def __init__(self, nest: Nest) -> None:
         self.fds: list[int] = []
@@ -104,7 +121,7 @@ class _Floor:
             cgroup_helpers.write(os.path.join(nest.leaf, "cgroup.event_control"),
                                  f"{self.fd} {control}")
             self.fds = [self.fd, control]
-        self.woke: Optional[float] = None
+        self.woke: list[float] = []
         self.stop = False
         self.thread = threading.Thread(target=self._run, name="bench-floor", daemon=True)
         self.thread.start()
@@ -116,10 +133,11 @@ class _Floor:
         poller.register(self.fd, select.POLLIN)
         while not self.stop:
             if poller.poll(200):
-                now = time.perf_counter()
-                if self.woke is None:
-                    self.woke = now
+                self.woke.append(time.perf_counter())
                 os.read(self.fd, 65536)
+
+    def first_after(self, start: float) -> Optional[float]:
+        return next((t for t in self.woke if t >= start), None)
 
     def close(self) -> None:
         self.stop = True
@@ -145,26 +163,29 @@ def oom_latency(nest: Nest, trials: int, package: Optional[ModuleType] = None) -
     first: list[float] = []
     kill: list[float] = []
     floor_seconds: list[float] = []
+    stale = [0]  # events of an earlier trial that arrived after the next one began
     floor = _Floor(nest)
     try:
         mechanism = _trials(package, nest, code, names, trials, recorder, floor, first, kill,
-                            floor_seconds)
+                            floor_seconds, stale)
     finally:
         floor.close()
     missed = trials - len(first)
     return {
         "mechanism": mechanism,
+        "stale_events": stale[0],
         "first_event": summarize(first) if first else None,
         "oom_kill_event": summarize(kill) if kill else None,
         "floor": summarize(floor_seconds) if floor_seconds else None,
         "missed": missed,
         "first_event_seconds": first,
+        "floor_seconds": floor_seconds,
     }
 
 
 def _trials(package: Optional[ModuleType], nest: Nest, code: str, names: tuple[str, str],
             trials: int, recorder: _Recorder, floor: _Floor, first: list[float],
-            kill: list[float], floor_seconds: list[float]) -> str:
+            kill: list[float], floor_seconds: list[float], stale: list[int]) -> str:
     if package is None:
         import cgwatch as package
     with package.Monitor() as monitor, package.Events(monitor, log=False) as events:
@@ -178,17 +199,22 @@ def _trials(package: Optional[ModuleType], nest: Nest, code: str, names: tuple[s
                                  str((usage + HEADROOM) // 4096 * 4096))
             time.sleep(0.005)  # let the threads settle after the limit write
             recorder.arm()
-            floor.woke = None
+            floor.woke = []
             child = subprocess.Popen([sys.executable, "-I", "-S", "-c", code],
                                      stdout=subprocess.PIPE, text=True)
             assert child.stdout is not None
             line = child.stdout.readline()
             child.wait(timeout=30)
-            if not line or not recorder.done.wait(timeout=2.0):
+            if not line:
                 continue
             start = float(line)
-            first.append((recorder.first or start) - start)
-            kill.append((recorder.kill or start) - start)
-            if floor.woke is not None:
-                floor_seconds.append(floor.woke - start)
+            seen = recorder.after(start, timeout=2.0)
+            stale[0] += recorder.stale(start)
+            if seen is None:
+                continue
+            first.append(seen[0] - start)
+            kill.append(seen[1] - start)
+            woke = floor.first_after(start)
+            if woke is not None:
+                floor_seconds.append(woke - start)
     return str(mechanism.get("events", mechanism))

@@ -12,8 +12,10 @@ flatters the walk, not cgwatch).
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Optional
+import select
+from typing import Callable, Optional
 
 V1_UNLIMITED = 1 << 62  # v1 writes "no limit" as ~2^63 rounded to the page size
 
@@ -155,3 +157,33 @@ class KeptReads:
             os.close(usage_fd)
             os.close(stat_fd)
         os.close(self.meminfo)
+
+
+class FreshnessFloors:
+    """The floors under the two checks a fresh query makes, as bare syscalls, no cgwatch:
+
+    - `pending`: epoll_wait(0) on an epoll holding one idle inotify descriptor (what
+      read-your-writes costs when nothing is queued: the check every default query makes);
+    - `confirm`: pread(2) of /proc/self/cgroup through a descriptor kept open (what the
+      confirm_interval slow path cannot avoid: the kernel formats that file on every read).
+
+    Each is a functools.partial over the C function, so no Python frame is timed.
+    """
+
+    def __init__(self) -> None:
+        import inotify_simple
+
+        _, leaf, _ = resolve()
+        self.inotify = inotify_simple.INotify(nonblocking=True)
+        # Watched for removals only, which nothing does while calls are timed: always idle.
+        self.inotify.add_watch(leaf, inotify_simple.flags.DELETE | inotify_simple.flags.CREATE)
+        self.epoll = select.epoll(1)
+        self.epoll.register(self.inotify.fileno(), select.EPOLLIN)
+        self.proc_fd = os.open("/proc/self/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+        self.pending: Callable[[], object] = functools.partial(self.epoll.poll, 0)
+        self.confirm: Callable[[], object] = functools.partial(os.pread, self.proc_fd, 65536, 0)
+
+    def close(self) -> None:
+        self.epoll.close()
+        self.inotify.close()
+        os.close(self.proc_fd)

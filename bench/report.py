@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-TOTAL_RATIO = 1 / 300  # total_memory() vs psutil.virtual_memory()
+# total_memory() vs psutil.virtual_memory(): with the read-your-writes check every default
+# (and thread=False) query makes, and without it (fresh=False: the thread-kept cache)
+TOTAL_FRESH_RATIO = 1 / 30
+TOTAL_TRUSTED_RATIO = 1 / 300
 AVAILABLE_RATIO = 0.3  # available_memory() with one limited level vs psutil
+AVAILABLE_FLOOR_RATIO = 1.2  # the same vs the kept-fd reads alone (its syscalls, no logic)
 ANCESTOR_NOISE = 0.05  # "nothing measurable": within 5% of the same call with fewer levels
 LATENCY_P99_MS = 5.0
 
@@ -29,7 +33,7 @@ def _cell(row: dict[str, Any], name: str) -> str:
     return f"{_ns(t['best_ns'])} ({_ns(t['median_ns'])})"
 
 
-def _ratio(value: float, reference: float) -> str:
+def ratio(value: float, reference: float) -> str:
     r = value / reference
     return f"1/{1 / r:.0f}" if r < 0.1 else f"{r:.2f}x"
 
@@ -49,16 +53,55 @@ def call_tables(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {row['name']} | {row['levels']} ({row['limited_levels']}) "
                 f"| {_cell(row, f'cgwatch.{fn}')} | {_cell(row, 'psutil')} "
                 f"| {_cell(row, f'uncached.{fn}')} "
-                f"| {_ratio(_best(row, f'cgwatch.{fn}'), ps)} "
-                f"| {_ratio(_best(row, f'uncached.{fn}'), ps)} |"
+                f"| {ratio(_best(row, f'cgwatch.{fn}'), ps)} "
+                f"| {ratio(_best(row, f'uncached.{fn}'), ps)} |"
                 + (f" {_ns(_best(row, 'floor.available'))}: "
-                   f"{_ratio(_best(row, 'floor.available'), ps)} |" if floor else ""))
+                   f"{ratio(_best(row, 'floor.available'), ps)} |" if floor else ""))
             module = f"cgwatch.{fn} (module function)"
             if module in row["timings"]:
                 out.append(f"| ↳ `cgwatch.{title}` (module function) | | {_cell(row, module)} "
-                           f"| | | {_ratio(_best(row, module), ps)} | |" + (" |" if floor else ""))
+                           f"| | | {ratio(_best(row, module), ps)} | |" + (" |" if floor else ""))
         out.append("")
     return out
+
+
+# freshness columns: (title, candidate); a candidate missing from a row shows as "—"
+FRESHNESS = (("default (read-your-writes)", "cgwatch.total"),
+             ("fresh=False", "cgwatch.total (fresh=False)"),
+             ("thread=False", "cgwatch.total (thread=False)"),
+             ("confirm on every call (confirm_interval=0)", "cgwatch.total (confirm every call)"),
+             ("floor: epoll_wait(0)", "floor.pending"),
+             ("floor: pread /proc/self/cgroup", "floor.confirm"))
+
+
+def _vs(row: dict[str, Any], name: str, reference: str) -> str:
+    if name not in row["timings"]:
+        return "—"
+    return f"{_ns(_best(row, name))}: {ratio(_best(row, name), _best(row, reference))}"
+
+
+def freshness_tables(rows: list[dict[str, Any]]) -> list[str]:
+    """total_memory() in each freshness mode, and available_memory() against its floor."""
+    if not any("floor.pending" in row["timings"] for row in rows):
+        return []
+    out = ["**total_memory() by freshness mode** — best per call: time, and ratio to "
+           "psutil.virtual_memory() in the same rounds", "",
+           "| where the process is | psutil.virtual_memory() | "
+           + " | ".join(title for title, _ in FRESHNESS) + " |",
+           "|---|---|" + "---|" * len(FRESHNESS)]
+    for row in rows:
+        out.append(f"| {row['name']} | {_ns(_best(row, 'psutil'))} | "
+                   + " | ".join(_vs(row, name, "psutil") for _, name in FRESHNESS) + " |")
+    out += ["", "**available_memory() against the kept-fd reads alone** — best per call: "
+            "time, and ratio to the floor", "",
+            "| where the process is | levels (limited) | kept-fd reads alone | default "
+            "| fresh=False |", "|---|---|---|---|---|"]
+    for row in rows:
+        out.append(f"| {row['name']} | {row['levels']} ({row['limited_levels']}) "
+                   f"| {_ns(_best(row, 'floor.available'))} "
+                   f"| {_vs(row, 'cgwatch.available', 'floor.available')} "
+                   f"| {_vs(row, 'cgwatch.available (fresh=False)', 'floor.available')} |")
+    return out + [""]
 
 
 def latency_table(latency: dict[str, Any]) -> list[str]:
@@ -76,7 +119,9 @@ def events_table(ev: dict[str, Any]) -> list[str]:
         return [f"OOM kill → Events callback: skipped ({ev['skipped']})", ""]
     out = ["**OOM kill in our cgroup → Events callback** (from the child's last allocation: "
            "includes the kernel's reclaim and kill)", "",
-           f"mechanism: {ev['mechanism']}; trials without an event: {ev['missed']}", "",
+           f"mechanism: {ev['mechanism']}; trials without an event: {ev['missed']}; "
+           f"events of an earlier trial arriving in the next (ignored): "
+           f"{ev.get('stale_events', 0)}", "",
            "| what | trials | p50 | p99 | max |", "|---|---|---|---|---|"]
     for key, label in (("first_event", "first event delivered"),
                        ("oom_kill_event", "`oom_kill` event delivered"),
@@ -98,8 +143,11 @@ def misc_lines(results: dict[str, Any]) -> list[str]:
             f"{idle['involuntary_switches']} preemptions, CPU {idle['cpu_ms']:.2f} ms "
             f"({idle['cpu_us_per_wakeup']:.0f} µs per wake-up)")
     for where, s in results.get("startup", {}).items():
+        skipped = s.get("skipped", 0)
         out.append(f"- Monitor() start-up ({where}): best {s['best_ms']:.2f} ms, "
-                   f"median {s['median_ms']:.2f} ms over {s['repeat']}")
+                   f"median {s['median_ms']:.2f} ms over {s['repeat']}"
+                   + (f" ({skipped} skipped: a closed monitor's thread still running)"
+                      if skipped else ""))
     rss = results.get("rss")
     if rss:
         out.append(
@@ -121,18 +169,38 @@ def _target(name: str, measured: Optional[float], limit: float, shown: str,
             "result": "PASS" if measured <= limit else "MISS"}
 
 
+# The queries that keep the read-your-writes guarantee: the default monitor, the module
+# function (the default monitor behind a global), and the thread-free monitor.
+FRESH_TOTALS = ("cgwatch.total", "cgwatch.total (module function)",
+                "cgwatch.total (thread=False)")
+
+
+def _worst_total(rows: dict[str, dict[str, Any]], names: tuple[str, ...], limit: float,
+                 title: str) -> dict[str, Any]:
+    """The worst total_memory() / psutil ratio over the rows and candidates `names`."""
+    ratios = [(_best(r, name) / _best(r, "psutil"), f"{r['name']}, {name}")
+              for r in rows.values() for name in names if name in r["timings"]]
+    if not ratios:
+        return _target(title, None, limit, "", "this cgwatch has no such mode")
+    worst, where = max(ratios)
+    return _target(title, worst, limit, f"1/{1 / worst:.0f} ({where})")
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = {r["name"]: r for r in results["calls"]}
     out = []
-    ratios = [(_best(r, name) / _best(r, "psutil"), f"{r['name']}, {name}")
-              for r in rows.values() for name in r["timings"] if name.startswith("cgwatch.total")]
-    worst, where = max(ratios)
-    out.append(_target("total_memory() <= 1/300 of psutil (worst row)", worst, TOTAL_RATIO,
-                       f"1/{1 / worst:.0f} ({where})"))
+    out.append(_worst_total(rows, FRESH_TOTALS, TOTAL_FRESH_RATIO,
+                            "total_memory() <= 1/30 of psutil, read-your-writes (worst row)"))
+    out.append(_worst_total(rows, ("cgwatch.total (fresh=False)",), TOTAL_TRUSTED_RATIO,
+                            "total_memory() <= 1/300 of psutil, fresh=False (worst row)"))
     one = rows.get("depth 1, leaf limited")
     r = None if one is None else _best(one, "cgwatch.available") / _best(one, "psutil")
     out.append(_target("available_memory(), one limited level <= 0.3x psutil", r,
                        AVAILABLE_RATIO, f"{r:.3f}x" if r is not None else "",
+                       "no cgroups made"))
+    r = None if one is None else _best(one, "cgwatch.available") / _best(one, "floor.available")
+    out.append(_target("available_memory(), one limited level <= 1.2x kept-fd reads alone", r,
+                       AVAILABLE_FLOOR_RATIO, f"{r:.3f}x" if r is not None else "",
                        "no cgroups made"))
     ten = rows.get("depth 10, leaf limited")
     grow = None
@@ -172,6 +240,7 @@ def render(results: dict[str, Any]) -> str:
     meta = results["meta"]
     lines = [f"`{meta['command']}` — {meta['when']}, {meta['machine']}", ""]
     lines += call_tables(results["calls"])
+    lines += freshness_tables(results["calls"])
     if results.get("latency"):
         lines += latency_table(results["latency"])
     if results.get("events_latency"):

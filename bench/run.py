@@ -4,10 +4,12 @@
 
 Sections, in order: call cost where the process started (with the module functions), call
 cost in cgroups made below our own at depth 1, 3 and 10 with the deepest level limited or all
-limited (the process moves itself into the deepest one and back), limit-write latency, OOM
-kill -> Events callback latency, monitor start-up, import time and RSS in fresh interpreters,
-and the idle cost of the thread (not with --quick). Missed targets print MISS; the exit
-status is non-zero only if the bench crashes.
+limited (the process moves itself into the deepest one and back), each place also timing
+total_memory() in the freshness modes (fresh=False, thread=False, a confirm on every call)
+and the syscall floors under those checks, limit-write latency (also with fresh=False, the
+thread's path), OOM kill -> Events callback latency, monitor start-up, import time and RSS
+in fresh interpreters, and the idle cost of the thread (not with --quick). Missed targets
+print MISS; the exit status is non-zero only if the bench crashes.
 """
 
 from __future__ import annotations
@@ -78,6 +80,29 @@ def base_limit() -> int:
         return min(4 * cgroups.GiB, monitor.total_memory() // 2) // page * page
 
 
+# (row suffix, Monitor arguments, pollers): the default monitor, whose query applies a queued
+# limit write itself, and fresh=False, whose query waits for the thread to publish it (the
+# only path before the read-your-writes check)
+LATENCY_MONITORS: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
+    ("", {}, tuple(latency.POLLERS)),
+    (", fresh=False (the thread publishes)", {"fresh": False}, ("spin", "yield")),
+)
+
+
+def latency_section(plan: Plan, nest: cgroups.Nest, limit: int, results: dict[str, Any]) -> None:
+    for suffix, kwargs, pollers in LATENCY_MONITORS:
+        monitor = calls.variant(cgwatch, **kwargs)
+        if monitor is None:
+            continue  # a cgwatch before the freshness checks
+        try:
+            for poller in pollers:
+                progress(f"limit-write latency, {poller} poller{suffix}, {plan.trials} trials")
+                results["latency"][poller + suffix] = latency.limit_write_latency(
+                    nest, monitor.total_memory, limit, plan.trials, poller)
+        finally:
+            monitor.close()
+
+
 def cgroup_sections(plan: Plan, results: dict[str, Any]) -> None:
     limit = base_limit()
     for depth, limited in plan.shapes:
@@ -89,14 +114,7 @@ def cgroup_sections(plan: Plan, results: dict[str, Any]) -> None:
                 results["startup"][name] = idle.startup_time(cgwatch.Monitor,
                                                              plan.startup_repeat)
     with cgroups.nest(1, "leaf", limit) as nest, cgroups.inside(nest):
-        monitor = cgwatch.Monitor()
-        try:
-            for poller in latency.POLLERS:
-                progress(f"limit-write latency, {poller} poller, {plan.trials} trials")
-                results["latency"][poller] = latency.limit_write_latency(
-                    nest, monitor.total_memory, limit, plan.trials, poller)
-        finally:
-            monitor.close()
+        latency_section(plan, nest, limit, results)
         if plan.floor:
             progress(f"limit-write latency floor: a bare Python thread, {plan.trials} trials")
             results["latency"]["spin, floor: bare Python thread, no cgwatch"] = \
