@@ -25,7 +25,8 @@ FILE_READ_LIMIT = 4 * 1024 * 1024
 
 
 def _too_large(limit: int, name: str = "") -> OSError:
-    return OSError(errno.EFBIG, f"larger than {limit // 1024} KiB, not a kernel file", name)
+    message = f"larger than {limit // 1024} KiB, not a kernel file"
+    return OSError(errno.EFBIG, message, name) if name else OSError(errno.EFBIG, message)
 
 
 def open_regular(path: str) -> int:
@@ -47,9 +48,9 @@ def open_regular(path: str) -> int:
     return fd
 
 
-def read_fd(fd: int, limit: int = KEPT_READ_LIMIT) -> bytes:
+def read_fd(fd: int, limit: int = KEPT_READ_LIMIT, name: str = "") -> bytes:
     """The whole content of a kernfs/procfs file through a kept descriptor, from offset 0;
-    OSError(EFBIG) past `limit` bytes."""
+    OSError(EFBIG) past `limit` bytes (naming `name`, the file, if given)."""
     data = os.pread(fd, READ_SIZE, 0)
     if len(data) < READ_SIZE:
         return data
@@ -57,7 +58,7 @@ def read_fd(fd: int, limit: int = KEPT_READ_LIMIT) -> bytes:
     offset = READ_SIZE
     while True:
         if offset > limit:
-            raise _too_large(limit)
+            raise _too_large(limit, name)
         chunk = os.pread(fd, READ_SIZE, offset)
         if not chunk:
             return b"".join(chunks)

@@ -47,7 +47,7 @@ class KeptDir:
 
     def read(self, name: str) -> bytes:
         """The whole file, through its kept descriptor (OSError past KEPT_READ_LIMIT)."""
-        return read_fd(self.fd(name), KEPT_READ_LIMIT)
+        return read_fd(self.fd(name), KEPT_READ_LIMIT, os.path.join(self.directory, name))
 
     def pread(self, name: str, size: int) -> bytes:
         return os.pread(self.fd(name), size, 0)
