@@ -203,7 +203,10 @@ class MonitorCollector(Collector):
         found: dict[str, LevelCounters] = {}
         if layout.version is not None:
             for level in layout.levels:
-                found[level.cgroup_path] = self._read_counters(level, layout.version)
+                # A v1 limit above the visible top (Level.hidden) has the top level's files:
+                # its counters would repeat the top's.
+                if not getattr(level, "hidden", False):
+                    found[level.cgroup_path] = self._read_counters(level, layout.version)
         return Reading(total, available, status, levels, found)
 
     def _read_counters(self, level: Level, version: int) -> LevelCounters:
