@@ -322,7 +322,11 @@ class Events:
             items.extend(found)
             if found:
                 self._check_requested = True
-        if self._alerts and (self._check_requested or now >= self._next_check):
+        if not self._alerts:
+            # Nothing to check: a request must not stay pending, or _schedule would queue a
+            # turn forever (found by the bench: a spinning loop thread, 100% of a core).
+            self._check_requested = False
+        elif self._check_requested or now >= self._next_check:
             self._check_requested = False
             self._next_check = now + self.check_interval
             fired, rearm = check_alerts(self._alerts, self.monitor.available_memory(),

@@ -191,9 +191,12 @@ class Loop:
                         pass
             for callback in soon:
                 self._call(callback)
-            if soon:
-                continue  # a callback may have registered or scheduled something
+            # After queued calls, look at the descriptors without waiting (they may have
+            # registered or scheduled more), but always look: an owner that keeps queueing
+            # calls must not starve the descriptors and timers of the others.
             timeout = None if first is None else max(0.0, first - time.monotonic()) * 1000
+            if soon or self._soon:
+                timeout = 0.0
             try:
                 ready = poller.poll(timeout)
             except OSError:

@@ -237,3 +237,26 @@ def test_fork_child_with_no_descriptor_left_answers_and_recovers(host: FakeHost)
     assert starved == [512 * MiB, EXPECTED_AVAILABLE]  # the levels known before the fork
     assert ok
     assert total == 512 * MiB
+
+
+def test_events_without_alerts_leave_the_thread_idle_after_a_limit_change(
+        host: FakeHost) -> None:
+    # A pending check with no alert to check once made the loop queue a turn forever: the
+    # thread spun at a whole core and stopped reading its descriptors.
+    tree(host)
+    limit_file = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
+    path = os.path.join(host.path(host.level_dir("/a")), limit_file)
+    got = run_py(f"""
+        m = Monitor({host.root!r})
+        ev = Events(m, log=False)
+        time.sleep(0.2)
+        fd = os.open({path!r}, os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, b"{768 * MiB}\\n")
+        os.close(fd)
+        time.sleep(0.2)
+        cpu0 = time.process_time()
+        time.sleep(1.0)
+        print(json.dumps(time.process_time() - cpu0))
+        ev.close(); m.close()
+    """)
+    assert got < 0.3  # spinning costs ~1 s of CPU in this second; idle costs ~0
