@@ -170,16 +170,56 @@ def join_under_mount(mount: Mount, cgroup_path: str) -> str:
     return base + "/" + rest if base != "/" else "/" + rest
 
 
-def _best_mount(mounts: list[Mount], cgroup_path: str) -> Optional[Mount]:
-    """Among mounts whose root contains the path, the one with the shortest root.
+def _line_mounts(text: str) -> list[tuple[str, str, str]]:
+    """(root, mount point, fstype) of every mountinfo line, any file system, in order."""
+    found = []
+    for raw in text.splitlines():
+        fields = raw.split(" ")
+        try:
+            sep = fields.index("-", 6)
+            found.append((unescape_mount_path(fields[3]), unescape_mount_path(fields[4]),
+                          fields[sep + 1]))
+        except (ValueError, IndexError):
+            continue
+    return found
 
-    The shortest root shows the most ancestors, so the walk up sees every limit it can; a
-    delegated subtree mounted elsewhere (and possibly listed first) loses to the full mount.
-    """
+
+def covered_mounts(text: str, mounts: list[Mount]) -> list[Mount]:
+    """The mounts of `mounts` that a later mountinfo line covers: mountinfo lists a
+    namespace's mounts in the order they were made, so a later mount at the same point, or at
+    one of its parents, hides the earlier one (a runtime bind-mounting a container's own
+    cgroup over /sys/fs/cgroup/memory leaves the original listed but unreachable; checked on
+    6.18)."""
+    lines = _line_mounts(text)
+    covered = []
+    for m in mounts:
+        key = (m.root, m.mount_point, m.fstype)
+        last = max((i for i, line in enumerate(lines) if line == key), default=-1)
+        if any(path_contains(point, m.mount_point) for _, point, _ in lines[last + 1:]):
+            covered.append(m)
+    return covered
+
+
+def _candidates(mounts: list[Mount], cgroup_path: str) -> list[Mount]:
+    """The mounts whose root contains the path, best first: the shortest root (it shows the
+    most ancestors, so the walk up sees every limit it can; a delegated subtree mounted
+    elsewhere, possibly listed first, loses to the full mount), then one under /sys/fs/cgroup
+    (where runtimes and systemd put it; the JDK prefers it too), then mountinfo order."""
     containing = [m for m in mounts if path_contains(m.root, cgroup_path)]
-    if not containing:
-        return None
-    return min(containing, key=lambda m: len(m.root.rstrip("/")))
+    return sorted(containing, key=lambda m: (len(m.root.rstrip("/")),
+                                             not path_contains("/sys/fs/cgroup", m.mount_point)))
+
+
+def _best_mount(mounts: list[Mount], cgroup_path: str,
+                usable: Optional[Callable[[str], bool]]) -> Optional[Mount]:
+    """The first candidate whose directory for the path is usable (`usable(directory)`, the
+    caller's I/O; None: the first candidate). A duplicate mount whose copy is unusable (say,
+    removed under us) falls through to the next."""
+    candidates = _candidates(mounts, cgroup_path)
+    for mount in candidates:
+        if usable is None or usable(join_under_mount(mount, cgroup_path)):
+            return mount
+    return None
 
 
 def _path_problem(path: str, version: int) -> Optional[str]:
@@ -203,20 +243,33 @@ def _path_problem(path: str, version: int) -> Optional[str]:
     return None
 
 
+def _no_mount(mounts: list[Mount], cgroup_path: str, kind: str) -> str:
+    """Why no mount was chosen: none contains the path, or no copy's directory exists."""
+    candidates = _candidates(mounts, cgroup_path)
+    if not candidates:
+        return f"no {kind} mount contains {cgroup_path!r}"
+    return (f"cgroup directory {join_under_mount(candidates[0], cgroup_path)} does not exist"
+            + (f" (nor in {len(candidates) - 1} other mount(s))" if len(candidates) > 1 else ""))
+
+
 def resolve(
     proc_cgroup: str,
     mountinfo: str,
     v2_has_memory: Callable[[str], bool],
+    usable: Optional[Callable[[str], bool]] = None,
 ) -> Resolution:
     """Pick the memory hierarchy and the process's directory in it.
 
     v1 wins when a v1 line lists `memory` and a v1 mount carries it: on a hybrid host the
     cgroup2 mount lacks the memory controller. Otherwise the `0::` line is used if its mount's
     `cgroup.controllers` lists memory, which only the caller can read: `v2_has_memory` is called
-    with the candidate mount point.
+    with the candidate mount point. Mounts covered by a later mount are skipped; `usable`
+    (the caller's check that a candidate's directory exists) lets a duplicate fall through.
     """
     lines = parse_proc_cgroup(proc_cgroup)
     mounts, refused = parse_mountinfo_checked(mountinfo)
+    covered = covered_mounts(mountinfo, mounts)
+    mounts = [m for m in mounts if m not in covered]
     reasons = []
 
     v1_line = next(
@@ -225,11 +278,11 @@ def resolve(
     if v1_line is not None:
         problem = _path_problem(v1_line.path, 1)
         v1_mounts = [m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options]
-        mount = None if problem else _best_mount(v1_mounts, v1_line.path)
+        mount = None if problem else _best_mount(v1_mounts, v1_line.path, usable)
         if problem:
             reasons.append(f"v1: {problem}")
         elif mount is None:
-            reasons.append(f"v1: no memory mount contains {v1_line.path!r}")
+            reasons.append(f"v1: {_no_mount(v1_mounts, v1_line.path, 'memory')}")
         else:
             return Resolved(1, v1_line.path, mount.mount_point, mount.root,
                             join_under_mount(mount, v1_line.path))
@@ -238,11 +291,11 @@ def resolve(
     if v2_line is not None:
         problem = _path_problem(v2_line.path, 2)
         v2_mounts = [m for m in mounts if m.fstype == "cgroup2"]
-        mount = None if problem else _best_mount(v2_mounts, v2_line.path)
+        mount = None if problem else _best_mount(v2_mounts, v2_line.path, usable)
         if problem:
             reasons.append(f"v2: {problem}")
         elif mount is None:
-            reasons.append(f"v2: no cgroup2 mount contains {v2_line.path!r}")
+            reasons.append(f"v2: {_no_mount(v2_mounts, v2_line.path, 'cgroup2')}")
         elif not v2_has_memory(mount.mount_point):
             reasons.append(f"v2: memory controller not enabled at {mount.mount_point}")
         else:

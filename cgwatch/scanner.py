@@ -113,7 +113,8 @@ class Scanner:
         """Follow the monitor's levels (moved, limits changed, cgroup removed); True if they
         changed. A level seen for the first time gets a baseline, never events."""
         version = layout.version
-        wanted = list(layout.levels) if version is not None else []
+        # A hidden v1 ancestor's files are the top level's: it has no counters of its own.
+        wanted = [lvl for lvl in layout.levels if not lvl.hidden] if version is not None else []
         if version == self.version and [(w.cgroup_path, w.directory, w.limit) for w in wanted] \
                 == [(lvl.cgroup_path, lvl.directory, lvl.limit) for lvl in self.levels]:
             self.levels = [self._rebind(lvl, level) for lvl, level in zip(self.levels, wanted)]

@@ -14,6 +14,7 @@ from . import discovery, names, values
 from .hostmem import HostMemory
 from .names import FileNames
 from .tree import Level
+from .units import human_bytes
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
 POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
@@ -32,6 +33,10 @@ class Status:
     host_source: str  # "meminfo" or "psutil"
     # time.monotonic() when /proc/self/cgroup last said the process is still in cgroup_path
     confirmed_at: Optional[float] = None
+    # What cannot be seen from here: "" when the whole path to the root is visible, else a
+    # sentence (a v1 limit above the visible top, or a v2 namespace/subtree whose ancestors'
+    # limits no file shows)
+    above: str = ""
     thread: bool = False  # the background thread serves this monitor now
 
 
@@ -52,6 +57,9 @@ class LevelInfo:
     high_headroom: Optional[int] = None  # high - working set, None without a high limit
     swap_limit: Optional[int] = None  # swap this level may use (v1: memsw - limit)
     swap_usage: Optional[int] = None  # swap in use (v1: memsw usage - usage)
+    # A v1 limit above the visible hierarchy: usage and headroom are the top visible level's
+    # (a floor of the usage there, so the headroom is an upper bound)
+    hidden: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -107,9 +115,33 @@ def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, m
     blind = sum(1 for lvl in levels if lvl.limit is not None) > len(limited)
     problems = [lvl.problem for lvl in levels if lvl.problem]
     reason = "; ".join(r for r in (reason, *problems) if r)
-    status = Status(mode, reason, res.version, res.cgroup_path, res.directory, host.source)
+    status = Status(mode, reason, res.version, res.cgroup_path, res.directory, host.source,
+                    above=_above(res, levels))
     return Snapshot(total, tuple(limited), levels, host, status, res, expires,
                     generation=generation, uncached=blind)
+
+
+def _above(res: discovery.Resolved, levels: tuple[Level, ...]) -> str:
+    """The status sentence on what lies above the visible top level ("" if nothing)."""
+    visible = [lvl for lvl in levels if not lvl.hidden]
+    hidden = [lvl for lvl in levels if lvl.hidden]
+    if hidden and visible:
+        return (f"a limit of {human_bytes(hidden[0].limit)} above {visible[-1].cgroup_path} "
+                "(v1 hierarchical_memory_limit): its usage cannot be seen, so "
+                "available_memory() is an upper bound there")
+    if res.version == 2 and visible and _exists(visible[-1], FileNames.for_version(2).limit):
+        # The real v2 root has no memory.max; a top level that has one is a namespace root
+        # or a subtree mount, and no file shows the limits above it (checked on 6.1).
+        return f"limits above {visible[-1].cgroup_path} cannot be seen from here"
+    return ""
+
+
+def _exists(lvl: Level, name: str) -> bool:
+    try:
+        lvl.read(name)
+        return True
+    except OSError:
+        return False
 
 
 def host_only(res: discovery.Unresolved, host: HostMemory, generation: int) -> Snapshot:
@@ -148,9 +180,11 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
         high, swap_limit, swap_usage = _throttle_and_swap(lvl, fnames, usage)
         high_room = headroom(high, usage, inactive) \
             if high is not None and usage is not None and inactive is not None else None
+        if lvl.hidden:
+            high = high_room = swap_limit = swap_usage = None
         reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
                                room, False, False, problem, high, high_room, swap_limit,
-                               swap_usage))
+                               swap_usage, lvl.hidden))
     # The marks follow the answers: a level binds only if the host does not bind tighter
     # (a tie with MemTotal / MemAvailable marks the level: it binds as much).
     limits = [r.limit for r in reads if r.limit is not None]

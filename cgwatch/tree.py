@@ -28,6 +28,10 @@ class Level:
     limit: Optional[int]
     problem: Optional[str] = None  # why the limit could not be read, if so
     kept: Optional[KeptDir] = field(default=None, compare=False, repr=False)
+    # A v1 limit above the visible hierarchy, known only from the top visible level's
+    # memory.stat; `directory` and `kept` are that top level's (its usage is a floor of the
+    # hidden level's, so the headroom computed from it is an upper bound).
+    hidden: bool = False
 
     def read(self, name: str) -> bytes:
         """A file of this level through the process's kept descriptor (raises OSError)."""
@@ -64,7 +68,10 @@ def resolve_process(root: str, pid: Optional[int] = None) -> tuple[discovery.Res
                                     f"{e.strerror or e}",
                                     transient=True), \
             proc_cgroup
-    return discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(root)), proc_cgroup
+    def usable(directory: str) -> bool:
+        return os.path.isdir(under_root(root, directory))
+
+    return discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(root), usable), proc_cgroup
 
 
 def level_paths(resolved: discovery.Resolved) -> list[tuple[str, str]]:
@@ -128,7 +135,29 @@ def build_levels(
             except OSError as e:
                 problem = f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
         levels.append(Level(cgroup_path, directory, limit, problem, kept))
+    if resolved.version == 1 and levels:
+        hidden = hidden_v1_limit(levels[-1])
+        if hidden is not None:
+            levels.append(hidden)
     return tuple(levels)
+
+
+HIERARCHICAL_LIMIT = b"hierarchical_memory_limit"
+
+
+def hidden_v1_limit(top: Level) -> Optional[Level]:
+    """The limit above the top visible level, when v1 shows one lower than every visible
+    limit: `hierarchical_memory_limit` in memory.stat is the smallest limit on the top
+    level's whole path, including ancestors a subtree mount hides (crun, and Docker on v1
+    without a cgroup namespace, bind-mount only the container's own cgroup; checked on 6.18:
+    314572800 there while memory.limit_in_bytes said unlimited)."""
+    try:
+        value = values.find_stat_value(top.read(names.STAT), HIERARCHICAL_LIMIT)
+    except (OSError, ValueError):
+        return None
+    if value >= values.V1_UNLIMITED_THRESHOLD or (top.limit is not None and value >= top.limit):
+        return None
+    return Level(f"(above {top.cgroup_path})", top.directory, value, None, top.kept, hidden=True)
 
 
 def reread_limits(root: str, resolved: discovery.Resolved,

@@ -22,6 +22,8 @@ def watch_targets(layout: Layout, subscriptions: Iterable[Subscription]) -> list
     limit_name = FileNames.for_version(layout.version).limit
     targets = []
     for index, lvl in enumerate(layout.levels):
+        if lvl.hidden:
+            continue  # no file of a hidden ancestor can be watched (tracker re-reads it)
         limit_path = os.path.join(lvl.directory, limit_name)
         if os.path.exists(limit_path):
             targets.append(Target(limit_path, "limit", index))
