@@ -108,10 +108,13 @@ def unprivileged_trigger(trigger: str) -> Optional[str]:
     """`some 100000 1000000` -> `some 200000 2000000`: the window rounded up to a multiple of
     2 s, the stall threshold scaled with it. None for text that is not a trigger."""
     parts = trigger.split()
-    if len(parts) != 3 or not values.is_number(parts[1]) or not values.is_number(parts[2]) \
-            or int(parts[2]) == 0:
+    if len(parts) != 3 or parts[0] not in ("some", "full") or not values.is_number(parts[1]) \
+            or not values.is_number(parts[2]):
         return None
     stall, window = int(parts[1]), int(parts[2])
+    # The kernel refuses a stall of 0 or one longer than the window (psi_trigger_create()).
+    if not 0 < stall <= window:
+        return None
     wide = -(-window // 2_000_000) * 2_000_000
     return f"{parts[0]} {stall * wide // window} {wide}"
 
