@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional
-
-import psutil
+from typing import Any, Callable, Optional
 
 from . import names, values
 from .files import read_fd, read_file, under_root
@@ -23,9 +21,20 @@ log = logging.getLogger("cgwatch")
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
-# psutil's own function, kept from import time: cgwatch.psutil_view may patch
-# psutil.virtual_memory to call back into cgwatch, which must not recurse through us.
-_psutil_virtual_memory = psutil.virtual_memory
+
+def _psutil_virtual_memory() -> Any:
+    # psutil is imported here, on the fallback without a usable /proc/meminfo, not at import:
+    # it costs ~10 ms of every interpreter start (psutil 7.2, -X importtime). psutil's platform
+    # function, not psutil.virtual_memory: cgwatch.psutil_view may have replaced the latter by
+    # one that calls back into cgwatch, which must not recurse through us. `_psplatform` has
+    # held it in every psutil since 2.0; the public name is the fallback if that ever moves.
+    import psutil
+
+    platform = getattr(psutil, "_psplatform", None)
+    host = getattr(platform, "virtual_memory", None)
+    if host is None:
+        host = psutil.virtual_memory
+    return host()
 
 
 def _sysinfo_free_bytes() -> int:

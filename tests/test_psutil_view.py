@@ -4,15 +4,19 @@ patch of psutil.virtual_memory."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import psutil
 import pytest
 
-from cgwatch import psutil_view
+from cgwatch import hostmem, psutil_view
+from cgwatch.integrations import switches
 from cgwatch.psutil_view import (
     is_patched,
     patch_psutil,
@@ -49,6 +53,24 @@ def restore_psutil() -> Iterator[None]:
     psutil.virtual_memory = ORIGINAL
     psutil_view._installed = None
     psutil_view._host_virtual_memory = None
+    psutil_view._fast.close()
+    psutil_view._fast = psutil_view._FastPath()
+
+
+@pytest.fixture
+def procfs(tmp_path: Path) -> Iterator[Path]:
+    """A directory psutil (psutil.PROCFS_PATH) and the view read meminfo from instead of /proc:
+    both then see the same fixed text."""
+    saved = psutil.PROCFS_PATH
+    psutil.PROCFS_PATH = str(tmp_path)
+    psutil_view._fast.close()
+    psutil_view._fast = psutil_view._FastPath()
+    try:
+        yield tmp_path
+    finally:
+        psutil.PROCFS_PATH = saved
+        psutil_view._fast.close()
+        psutil_view._fast = psutil_view._FastPath()
 
 
 def test_same_type_and_fields_as_psutil_each_typed_as_psutils() -> None:
@@ -201,3 +223,340 @@ def test_in_a_limited_cgroup_total_and_available_equal_the_monitors() -> None:
         assert view["percent"] == round((limit - view["available"]) / limit * 100, 1)
         assert view["used"] == limit - view["available"]
         assert view["free"] <= view["available"]
+
+
+# --- the fast construction: psutil's host counters from one meminfo read ---------------------
+
+MEMINFO_6_18 = textwrap.dedent("""\
+    MemTotal:       24684084 kB
+    MemFree:        23328236 kB
+    MemAvailable:   23977328 kB
+    Buffers:           35516 kB
+    Cached:           787740 kB
+    SwapCached:            0 kB
+    Active:           365868 kB
+    Inactive:         750172 kB
+    Active(anon):       1572 kB
+    Inactive(anon):   300084 kB
+    Active(file):     364296 kB
+    Inactive(file):   450088 kB
+    Unevictable:       15884 kB
+    Mlocked:           15020 kB
+    SwapTotal:             0 kB
+    SwapFree:              0 kB
+    Zswap:                 0 kB
+    Zswapped:              0 kB
+    Dirty:              1252 kB
+    Writeback:             0 kB
+    AnonPages:        308668 kB
+    Mapped:           105248 kB
+    Shmem:              8872 kB
+    KReclaimable:      93024 kB
+    Slab:             120008 kB
+    SReclaimable:      93024 kB
+    SUnreclaim:        26984 kB
+    KernelStack:        1892 kB
+    PageTables:         3464 kB
+    SecPageTables:         0 kB
+    NFS_Unstable:          0 kB
+    Bounce:                0 kB
+    WritebackTmp:          0 kB
+    CommitLimit:    12342040 kB
+    Committed_AS:    2454856 kB
+    VmallocTotal:   34359738367 kB
+    VmallocUsed:       14668 kB
+    VmallocChunk:          0 kB
+    Percpu:              832 kB
+    AnonHugePages:    204800 kB
+    ShmemHugePages:        0 kB
+    ShmemPmdMapped:        0 kB
+    FileHugePages:         0 kB
+    FilePmdMapped:         0 kB
+    Balloon:               0 kB
+    HugePages_Total:       0
+    HugePages_Free:        0
+    HugePages_Rsvd:        0
+    HugePages_Surp:        0
+    Hugepagesize:       2048 kB
+    Hugetlb:               0 kB
+    DirectMap4k:       26624 kB
+    DirectMap2M:     2070528 kB
+    DirectMap1G:    25165824 kB
+""")  # this machine, kernel 6.18.44 (cgroup v1 host)
+
+# Shaped like a 2.6.32 kernel's (CentOS 6): no MemAvailable (3.14 added it), Shmem and
+# SReclaimable present. psutil computes `available` itself there; the view replaces it anyway.
+MEMINFO_2_6_32 = textwrap.dedent("""\
+    MemTotal:        1922680 kB
+    MemFree:          254536 kB
+    Buffers:          172300 kB
+    Cached:          1100344 kB
+    SwapCached:         1020 kB
+    Active:           901724 kB
+    Inactive:         553452 kB
+    Active(anon):     110172 kB
+    Inactive(anon):    74972 kB
+    Active(file):     791552 kB
+    Inactive(file):   478480 kB
+    Unevictable:           0 kB
+    Mlocked:               0 kB
+    SwapTotal:       4128764 kB
+    SwapFree:        4120008 kB
+    Dirty:                64 kB
+    Writeback:             0 kB
+    AnonPages:        181632 kB
+    Mapped:            29588 kB
+    Shmem:              2612 kB
+    Slab:             158704 kB
+    SReclaimable:     134084 kB
+    SUnreclaim:        24620 kB
+    KernelStack:        1480 kB
+    PageTables:         6460 kB
+    HugePages_Total:       0
+    HugePages_Free:        0
+    Hugepagesize:       2048 kB
+""")
+
+# Shaped like a kernel before 2.6.32 (no Shmem line): psutil warns and reports shared=0, so
+# the fast path declines and psutil's own function answers.
+MEMINFO_NO_SHMEM = "\n".join(line for line in MEMINFO_2_6_32.splitlines()
+                              if not line.startswith("Shmem:")) + "\n"
+
+HOST_COUNTERS = ("free", "active", "inactive", "buffers", "cached", "shared", "slab")
+
+
+@pytest.mark.skipif(not LINUX, reason="psutil's Linux meminfo parser")
+@pytest.mark.parametrize("text", [MEMINFO_6_18, MEMINFO_2_6_32], ids=["6.18", "2.6.32"])
+def test_host_counters_equal_psutils_on_the_same_meminfo(procfs: Path, text: str) -> None:
+    (procfs / "meminfo").write_text(text)
+    theirs = psutil._psplatform.virtual_memory()  # type: ignore[attr-defined]
+    ours = psutil_view.host_counters(text.encode())
+    assert ours is not None
+    assert ours == {name: getattr(theirs, name) for name in HOST_COUNTERS}
+    # And the view built from them: psutil's tuple, every host field psutil's, exactly.
+    view = virtual_memory(FakeMonitor(total=512 * MiB, available=100 * MiB))
+    assert type(view) is type(theirs)
+    assert psutil_view._fast.usable  # it was the fast construction
+    for name in HOST_COUNTERS[1:]:
+        assert getattr(view, name) == getattr(theirs, name), name
+    assert view.free == min(theirs.free, 100 * MiB)
+    assert (view.total, view.available, view.used, view.percent) == (
+        512 * MiB, 100 * MiB, 412 * MiB, 80.5)
+
+
+@pytest.mark.parametrize("text", [
+    MEMINFO_NO_SHMEM,
+    "",
+    MEMINFO_2_6_32.replace("Active:           901724 kB", "Active:           garbage kB"),
+    MEMINFO_2_6_32.replace("Cached:          1100344 kB\n", ""),  # SwapCached must not match
+], ids=["no-shmem", "empty", "garbage", "only-swapcached"])
+def test_host_counters_decline_what_the_fast_path_cannot_read(text: str) -> None:
+    assert psutil_view.host_counters(text.encode()) is None
+
+
+@pytest.mark.skipif(not LINUX, reason="psutil's Linux meminfo parser")
+def test_a_meminfo_without_shmem_falls_back_to_psutils_own_answer(procfs: Path) -> None:
+    (procfs / "meminfo").write_text(MEMINFO_NO_SHMEM)
+    with pytest.warns(RuntimeWarning, match="shared"):  # psutil's own warning, passed on
+        view = virtual_memory(FakeMonitor(total=256 * MiB, available=64 * MiB))
+    assert not psutil_view._fast.usable
+    assert (view.total, view.available, view.shared) == (256 * MiB, 64 * MiB, 0)
+    assert view.active == 901724 * 1024
+
+
+@pytest.mark.skipif(not LINUX, reason="Linux fast path")
+def test_fast_path_answers_the_same_as_psutils_own_plus_cgwatch() -> None:
+    """On the real /proc: the fast construction and the psutil-then-replace one agree on every
+    field that does not move between two reads (the layout and the cgroup's figures)."""
+    monitor = FakeMonitor(total=300 * MiB, available=200 * MiB)
+    fast = virtual_memory(monitor)
+    assert psutil_view._fast.usable
+    psutil_view._fast.usable = False
+    slow = virtual_memory(monitor)
+    assert type(fast) is type(slow)
+    for name in ("total", "available", "percent", "used"):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert 0 <= fast.free <= 200 * MiB and 0 <= slow.free <= 200 * MiB
+
+
+# --- psutil is imported only where it is needed ----------------------------------------------
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_python(code: str, env: Optional[dict[str, str]] = None, *args: str) -> str:
+    out = subprocess.run([sys.executable, *args, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="needs /proc/meminfo")
+def test_import_cgwatch_and_both_queries_do_not_import_psutil() -> None:
+    out = run_python("import sys, cgwatch\n"
+                     "assert cgwatch.total_memory() > 0 and cgwatch.available_memory() > 0\n"
+                     "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psutil'))")
+    assert out.strip() == "[]"
+
+
+def test_hostmem_fallback_asks_psutils_own_function_even_under_the_patch(
+        tmp_path: Path) -> None:
+    """Without a meminfo the host figures come from psutil: its platform function, so the
+    patched psutil.virtual_memory (which calls back into cgwatch) is never what answers."""
+    with patched_psutil(FakeMonitor(total=7 * MiB, available=3 * MiB)):
+        assert psutil.virtual_memory().total == 7 * MiB
+        host = hostmem.HostMemory(root=str(tmp_path))
+        assert host.source == "psutil" and "host values from psutil" in host.reason
+        assert host.total == ORIGINAL().total != 7 * MiB
+        assert host.available() > 7 * MiB
+
+
+# --- the CGWATCH_PSUTIL switch (the .pth hook) -----------------------------------------------
+
+# The children start with -S (no site-packages .pth runs, whatever this environment has
+# installed), find psutil on a plain sys.path entry and cgwatch in the checkout (their cwd),
+# then site.addsitedir() runs the tmp dir's .pth as interpreter start does for site-packages.
+ISOLATED = "import os, sys; sys.path.append(os.environ['PURELIB'])\n"
+SWITCH_CHILD = ISOLATED + textwrap.dedent("""
+    import json, os, site, sys
+    meta_before = len(sys.meta_path)
+    site.addsitedir(os.environ["SITE_DIR"])
+    loaded = lambda: sorted(m for m in sys.modules
+                            if m.split(".")[0] in ("cgwatch", "psutil", "torch", "deepspeed"))
+    at_start = loaded()
+    hooks = len(sys.meta_path) - meta_before
+    import psutil
+    after_import = loaded()
+    from psutil import virtual_memory as bound_early
+    vm = psutil.virtual_memory()
+    early = bound_early()
+    import cgwatch
+    from cgwatch import psutil_view
+    print("RESULT " + json.dumps(dict(
+        at_start=at_start, hooks=hooks, after_import=after_import,
+        total=vm.total, early_total=early.total, cgwatch_total=cgwatch.total_memory(),
+        host_total=psutil_view._host().total, patched=psutil_view.is_patched(),
+        hooks_left=sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path))))
+""")
+
+
+@pytest.fixture
+def site_dir(tmp_path: Path) -> Path:
+    (tmp_path / "site").mkdir()
+    path = Path(switches.install_pth(str(tmp_path / "site")))
+    assert path.name == "cgwatch-autoload.pth"
+    return path.parent
+
+
+def child_env(site_dir: Path, **switch: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CGWATCH")}
+    purelib = os.path.dirname(os.path.dirname(psutil.__file__))
+    return {**env, "SITE_DIR": str(site_dir), "PURELIB": purelib, **switch}
+
+
+def result(out: str) -> Any:
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_install_pth_writes_one_line_and_replaces_the_old_deepspeed_one(tmp_path: Path) -> None:
+    old = tmp_path / "cgwatch-deepspeed.pth"
+    old.write_text("import os\n")
+    out = subprocess.run([sys.executable, "-m", "cgwatch.integrations", "install-pth",
+                          "--dir", str(tmp_path)], capture_output=True, text=True, check=True)
+    path = tmp_path / "cgwatch-autoload.pth"
+    assert out.stdout.strip() == str(path)
+    assert not old.exists()
+    text = path.read_text()
+    assert text.count("\n") == 1 and text.startswith("import os;")  # site.py runs it
+    assert switches.switch_status(str(tmp_path))["pth_current"]
+    assert switches.uninstall_pth(str(tmp_path)) and not path.exists()
+    assert not switches.uninstall_pth(str(tmp_path))
+
+
+@pytest.mark.parametrize("value", ["", "0", "off"])
+def test_switch_off_loads_nothing(site_dir: Path, value: str) -> None:
+    r = result(run_python(SWITCH_CHILD, child_env(site_dir, CGWATCH_PSUTIL=value), "-S"))
+    assert r["at_start"] == [] and r["hooks"] == 0
+    assert r["after_import"] == ["psutil"] + sorted(
+        m for m in r["after_import"] if m.startswith("psutil."))
+    assert not r["patched"]
+    assert r["total"] == r["host_total"]
+
+
+def test_switch_on_defers_everything_to_the_first_call(site_dir: Path) -> None:
+    r = result(run_python(SWITCH_CHILD, child_env(site_dir, CGWATCH_PSUTIL="1"), "-S"))
+    # At start only the hook itself, no cgwatch package, psutil, torch or DeepSpeed.
+    assert r["at_start"] == ["cgwatch.integrations._autoload"] and r["hooks"] == 1
+    # `import psutil` alone still imports no cgwatch.
+    assert not [m for m in r["after_import"] if m.split(".")[0] == "cgwatch"
+                and m != "cgwatch.integrations._autoload"]
+    assert r["patched"]
+    assert r["total"] == r["early_total"] == r["cgwatch_total"]  # also `from psutil import`
+    assert r["hooks_left"] == 0  # the finder left sys.meta_path once psutil had loaded
+
+
+def test_switch_and_patch_psutil_agree(site_dir: Path) -> None:
+    code = ISOLATED + textwrap.dedent("""
+        import json, os, site
+        site.addsitedir(os.environ["SITE_DIR"])
+        import psutil
+        from cgwatch import psutil_view
+        real = psutil.virtual_memory.__wrapped__
+        first = psutil_view.patch_psutil()  # the switch's patch is in place already
+        undone = psutil_view.unpatch_psutil()
+        print("RESULT " + json.dumps(dict(
+            first=first, undone=undone, restored=psutil.virtual_memory is real,
+            patched_after=psutil_view.is_patched())))
+    """)
+    r = result(run_python(code, child_env(site_dir, CGWATCH_PSUTIL="yes"), "-S"))
+    assert r == {"first": False, "undone": True, "restored": True, "patched_after": False}
+
+
+def test_a_broken_hook_is_one_line_and_python_still_starts(site_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """The .pth runs where cgwatch cannot be imported (a removed or moved cgwatch): one line
+    on stderr, and psutil works as its authors made it."""
+    code = ("import os, site, sys\n"
+            "site.addsitedir(os.environ['SITE_DIR'])\n"  # before cgwatch is importable
+            "sys.path.append(os.environ['PURELIB'])\n"
+            "import psutil\n"
+            "print(psutil.virtual_memory().total == psutil._psplatform.virtual_memory().total,"
+            " 'cgwatch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         env=child_env(site_dir, CGWATCH_PSUTIL="1"), timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
+    assert out.stderr.strip().splitlines() == [
+        "cgwatch: CGWATCH_PSUTIL/CGWATCH_DEEPSPEED ignored: ImportError: the cgwatch package "
+        "is not importable"]
+
+
+SWITCH_IN_CGROUP = textwrap.dedent("""
+    import json, os, site
+    site.addsitedir(os.environ["SITE_DIR"])
+    import psutil
+    vm = psutil.virtual_memory()
+    print("RESULT " + json.dumps(dict(total=vm.total, available=vm.available)))
+""")
+
+
+@pytest.mark.realkernel
+def test_switch_in_a_limited_cgroup_answers_the_limit(site_dir: Path) -> None:
+    why = writable_reason()
+    if why:
+        pytest.skip(f"needs a writable memory cgroup: {why}")
+    limit = 192 * MiB
+    with cgroup_tree() as tree:
+        cg = tree.make("psutil-switch", limit=limit)
+        results = {}
+        for value in ("1", "0"):
+            proc = tree.spawn(cg, SWITCH_IN_CGROUP, env=child_env(site_dir, CGWATCH_PSUTIL=value))
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            results[value] = result(out)
+    assert results["1"]["total"] == limit
+    assert 0 < results["1"]["available"] <= limit
+    assert results["0"]["total"] == ORIGINAL().total > limit

@@ -1,7 +1,7 @@
-"""`python -m cgwatch.integrations ...`: see `cgwatch.integrations.deepspeed.main`."""
+"""`python -m cgwatch.integrations ...`: see `cgwatch.integrations.switches.main`."""
 
 import sys
 
-from cgwatch.integrations.deepspeed import main
+from cgwatch.integrations.switches import main
 
 sys.exit(main())

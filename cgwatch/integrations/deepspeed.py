@@ -11,12 +11,13 @@ launcher forwards `CGWATCH_*` variables to the other nodes.
 Three ways in, in the order DeepSpeed binds things (see docs/integrations.md):
 
 1. Environment switch, no code change: once per environment run
-   `python -m cgwatch.integrations install-pth` (writes `cgwatch-deepspeed.pth` into
-   site-packages), then start anything with `CGWATCH_DEEPSPEED=1`. At interpreter start the
-   .pth line arms an import hook; the moment DeepSpeed's `real_accelerator` module has run,
-   before any other DeepSpeed module asks for the accelerator, the hook installs ours if
-   DeepSpeed would have chosen its CPU accelerator. Without the variable the line does nothing
-   but read it. DeepSpeed itself has no plugin or entry-point hook for accelerators.
+   `python -m cgwatch.integrations install-pth` (writes `cgwatch-autoload.pth` into
+   site-packages, see `switches.py`), then start anything with `CGWATCH_DEEPSPEED=1`. At
+   interpreter start the .pth line arms an import hook (`_autoload.py`, without importing
+   cgwatch); the moment DeepSpeed's `real_accelerator` module has run, before any other
+   DeepSpeed module asks for the accelerator, the hook installs ours if DeepSpeed would have
+   chosen its CPU accelerator. Without the variable the line does nothing but read it.
+   DeepSpeed itself has no plugin or entry-point hook for accelerators.
 2. `enable_autoload()` in your own code or `sitecustomize.py`, before `import deepspeed`:
    the same hook.
 3. `install()` after `import deepspeed` and before `deepspeed.initialize()`: what the engine
@@ -29,7 +30,6 @@ Importing this module imports neither torch nor DeepSpeed.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -37,11 +37,12 @@ import json
 import logging
 import os
 import sys
-import sysconfig
 import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional
+
+from cgwatch.integrations import _autoload, switches
 
 if TYPE_CHECKING:
     from cgwatch.psutil_view import MemorySource
@@ -65,16 +66,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "CGWATCH_DEEPSPEED"
+ENV_VAR = switches.DEEPSPEED_VAR
 ENV_PREFIX = "CGWATCH"
-PTH_NAME = "cgwatch-deepspeed.pth"
-# One line: site.py executes .pth lines that start with "import". It costs one environ lookup
-# when the switch is off; with it on, it imports this module and arms the hook (no DeepSpeed).
-PTH_LINE = (
-    "import os; "
-    f'os.environ.get("{ENV_VAR}", "").strip() not in ("", "0") and '
-    f'__import__("{__name__}", fromlist=["_pth_hook"])._pth_hook()\n'
-)
+PTH_NAME = switches.PTH_NAME  # one .pth for both switches (switches.py)
 
 _REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
 _CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
@@ -274,7 +268,8 @@ def enable_autoload() -> str:
 
 
 def _pth_hook() -> None:
-    """What the .pth line runs at interpreter start when the variable is set."""
+    """What cgwatch 0.1.0's `cgwatch-deepspeed.pth` line runs at interpreter start when the
+    variable is set (kept so such a file still works until install-pth replaces it)."""
     if env_enabled():
         enable_autoload()
 
@@ -290,32 +285,25 @@ def disable_autoload() -> None:
 
 def autoload_status() -> str:
     """`not armed`, `armed`, `installed`, or `skipped: <why>`."""
+    if _autoload_status == "not armed" and \
+            _autoload.status[ENV_VAR].startswith("armed"):
+        return "armed"  # by the .pth switch, whose hook calls us when DeepSpeed loads
     return _autoload_status
 
 
 def pth_path(directory: Optional[str] = None) -> str:
-    """Where `install_pth()` writes: `directory`, or this interpreter's site-packages."""
-    return os.path.join(directory or sysconfig.get_paths()["purelib"], PTH_NAME)
+    """Where `install_pth()` writes (see `cgwatch.integrations.switches.pth_path`)."""
+    return switches.pth_path(directory)
 
 
 def install_pth(directory: Optional[str] = None) -> str:
-    """Write `cgwatch-deepspeed.pth` (inert unless `CGWATCH_DEEPSPEED` is set). Returns its
-    path. Idempotent."""
-    path = pth_path(directory)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(PTH_LINE)
-    os.replace(tmp, path)
-    return path
+    """Write the switches' .pth file (`cgwatch.integrations.switches.install_pth`)."""
+    return switches.install_pth(directory)
 
 
 def uninstall_pth(directory: Optional[str] = None) -> bool:
-    """Remove the .pth file. True if there was one."""
-    try:
-        os.unlink(pth_path(directory))
-    except FileNotFoundError:
-        return False
-    return True
+    """Remove it (`cgwatch.integrations.switches.uninstall_pth`)."""
+    return switches.uninstall_pth(directory)
 
 
 def _check() -> dict[str, Any]:
@@ -336,36 +324,18 @@ def _check() -> dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m cgwatch.integrations",
-        description="Manage the CGWATCH_DEEPSPEED switch for DeepSpeed's CPU accelerator.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("install-pth", f"write {PTH_NAME} into site-packages (inert without {ENV_VAR})"),
-        ("uninstall-pth", f"remove {PTH_NAME}"),
-        ("status", "show where the .pth goes, whether it is there, and the switch"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("--dir", help="site directory (default: this interpreter's purelib)")
-    sub.add_parser("check", help="import DeepSpeed and print its accelerator's memory answers")
-    args = parser.parse_args(argv)
+    """`python -m cgwatch.integrations` (now `cgwatch.integrations.switches.main`)."""
+    return switches.main(argv)
 
-    if args.command == "install-pth":
-        print(install_pth(args.dir))
-    elif args.command == "uninstall-pth":
-        path = pth_path(args.dir)
-        print(f"removed {path}" if uninstall_pth(args.dir) else f"not present: {path}")
-    elif args.command == "status":
-        path = pth_path(args.dir)
-        info = {
-            "pth": path,
-            "pth_installed": os.path.exists(path),
-            ENV_VAR: os.environ.get(ENV_VAR),
-            "enabled": env_enabled(),
-            "autoload": autoload_status(),
-        }
-        print(json.dumps(info, indent=2))
-    else:
-        print(json.dumps(_check(), indent=2))
+
+def check_main() -> int:
+    """`python -m cgwatch.integrations check`: one JSON report, or one line if DeepSpeed
+    cannot be imported here."""
+    try:
+        report = _check()
+    except ImportError as exc:
+        print(f"cgwatch: cannot check DeepSpeed: {exc} (pip install 'cgwatch[deepspeed]' after "
+              "a torch build)", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2))
     return 0
