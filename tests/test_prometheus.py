@@ -26,6 +26,7 @@ from cgwatch import Monitor  # noqa: E402
 from cgwatch import prometheus as exporter  # noqa: E402
 from tests.cgroup_helpers import PROJECT  # noqa: E402
 from tests.fake_tree import FakeHost, GiB, MiB  # noqa: E402
+from tests.prometheus.loopback import ensure_up_in_vm  # noqa: E402
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -35,6 +36,11 @@ V2_EVENTS = "low 0\nhigh 17\nmax 4\noom 2\noom_kill 1\noom_group_kill 0\n"
 V2_PRESSURE = ("some avg10=0.00 avg60=0.12 avg300=0.03 total=1500000\n"
                "full avg10=0.00 avg60=0.05 avg300=0.01 total=250000\n")
 V1_OOM_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _loopback() -> None:
+    ensure_up_in_vm()  # the v2 VM boots with lo down (tests/prometheus/loopback.py)
 
 
 def scrape(source: Monitor | exporter.MonitorCollector) -> tuple[Samples, set[str]]:

@@ -37,6 +37,7 @@ from tests.cgroup_helpers import (
     own_memory_cgroup,
     writable_reason,
 )
+from tests.prometheus.loopback import ensure_up_in_vm
 
 REASON = writable_reason()
 pytestmark = [pytest.mark.realkernel,
@@ -60,6 +61,11 @@ sys.exit(main(["serve", "--port", "0"]))
 # Under the VM tier's emulation Prometheus starts ~30x slower than here: the waits are long
 # bounds, not expected durations (each returns as soon as its condition holds).
 WAIT = float(os.environ.get("CGWATCH_PROMETHEUS_WAIT", "120"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _loopback() -> None:
+    ensure_up_in_vm()  # the v2 VM boots with lo down (tests/prometheus/loopback.py)
 
 
 def prometheus_binary() -> str:

@@ -1,0 +1,1 @@
+"""Helpers of the exporter's tests (tests/test_prometheus*.py)."""
