@@ -17,7 +17,6 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import replace
@@ -56,7 +55,7 @@ class Tracker:
         self.due = 0.0  # when a query must call refresh() even if nothing is pending
         self.closed = False
         self.confirmed_at: Optional[float] = None
-        self._owner_pid = os.getpid()
+        self._forked = False  # set in a fork child until its first query re-arms
         self._reported: set[str] = set()
         self._proc = ProcCgroup(root, pid)
         self._watch = LevelWatch()
@@ -78,7 +77,7 @@ class Tracker:
     def refresh(self, snap: Snapshot) -> Snapshot:
         """Bring the snapshot up to date (the slow path of a query); never raises."""
         try:
-            if self._owner_pid != os.getpid():
+            if self._forked:  # a flag, not os.getpid(): that is a system call each time
                 self._rearm_after_fork()
             with self.lock:
                 now = time.monotonic()
@@ -87,8 +86,9 @@ class Tracker:
                         self._publish_fresh_limits()
                     self.due = 0.0
                     return self.snap
-                if self._watch.active:
-                    self._drain()
+                pending = self._watch.pending
+                if pending is not None and pending(0):
+                    self._drain()  # not a read(2) that finds nothing: epoll said so
                 if now >= self._next_confirm:
                     self._confirm(now)
                 cur = self.snap
@@ -164,6 +164,7 @@ class Tracker:
         parent's; drop our copies, detach every subscription (its owner is a forked copy),
         and let the next query re-resolve (starting threads in an at-fork handler is unsafe)."""
         self.lock = threading.RLock()  # the parent's may have been held by another thread
+        self._forked = True
         self.applying = False
         self._presence.forget()
         self._watch.forget_after_fork()
@@ -174,9 +175,9 @@ class Tracker:
 
     def _rearm_after_fork(self) -> None:
         with self.lock:
-            if self._owner_pid == os.getpid():
+            if not self._forked:
                 return
-            self._owner_pid = os.getpid()
+            self._forked = False
             self.snap = self._build(self.snap)
             if not self.closed:
                 self._start()

@@ -164,19 +164,42 @@ def reread_limits(root: str, resolved: discovery.Resolved,
                   old: tuple[Level, ...]) -> Optional[tuple[Level, ...]]:
     """The known levels with freshly read limits; None if the process's directory is gone.
 
-    A limit that cannot be read right now (a writer truncated the file and has not written
-    yet, say) keeps its last good value rather than vanishing from the minimum."""
-    try:
-        fresh = build_levels(root, resolved)
-    except OSError:
-        return None
-    known = {lvl.directory: lvl for lvl in old}
-    return tuple(
-        replace(lvl, limit=known[lvl.directory].limit)
-        if lvl.problem and lvl.directory in known and known[lvl.directory].limit is not None
-        else lvl
-        for lvl in fresh
-    )
+    Through the levels' kept descriptors (a pread each), not a new walk: the levels are the
+    ones resolved, and only their limits may have changed. A limit that cannot be read right
+    now (a writer truncated the file and has not written yet, say) keeps its last good value
+    rather than vanishing from the minimum."""
+    visible = [lvl for lvl in old if not lvl.hidden]
+    if not visible:
+        try:
+            return build_levels(root, resolved)
+        except OSError:
+            return None
+    fnames = FileNames.for_version(resolved.version)
+    fresh = []
+    for index, lvl in enumerate(visible):
+        try:
+            limit = values.parse_limit(lvl.read(fnames.limit), resolved.version)
+        except FileNotFoundError:
+            fresh.append(replace(lvl, limit=None, problem=None))  # v2: no controller here
+            continue
+        except (OSError, ValueError) as e:
+            if index == 0 and isinstance(e, OSError) and not os.path.isdir(lvl.directory):
+                return None  # our own directory was removed (ENODEV on its descriptors)
+            fresh.append(replace(lvl, problem=f"{fnames.limit} at {lvl.cgroup_path}: {e}"))
+            continue
+        problem = None
+        if limit is not None and lvl.kept is not None:
+            try:
+                lvl.kept.fd(fnames.usage)
+                lvl.kept.fd(names.STAT)
+            except OSError as e:
+                problem = f"cannot open usage files at {lvl.cgroup_path}: {e.strerror or e}"
+        fresh.append(replace(lvl, limit=limit, problem=problem))
+    if resolved.version == 1:
+        hidden = hidden_v1_limit(fresh[-1])
+        if hidden is not None:
+            fresh.append(hidden)
+    return tuple(fresh)
 
 
 def changed_limits(levels: tuple[Level, ...], changed: list[tuple[int, str]],
