@@ -12,17 +12,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cgroup_helpers import MiB, Tree, cgroup_tree, writable_reason
+from tests.cgroup_helpers import MiB, Tree
+from tests.integration.children import free_port, run_in
 
 pytestmark = pytest.mark.integration
 
@@ -39,68 +38,6 @@ HERE = Path(__file__).resolve().parent
 ZERO_STEPS = HERE / "zero_steps.py"
 LIMIT = 1024 * MiB  # far below host RAM; torch + deepspeed peak at ~250 MiB per process
 LAUNCH_LIMIT = 2048 * MiB  # launcher, node launcher and rank share one cgroup
-
-
-@pytest.fixture(scope="module")
-def tree() -> Iterator[Tree]:
-    why = writable_reason()
-    if why:
-        pytest.skip(f"integration tier needs a writable memory cgroup: {why}")
-    with cgroup_tree() as t:
-        yield t
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """The children's environment: no cgwatch/DeepSpeed switches inherited, and an empty
-    torch extensions dir (so a run that tried to JIT-compile an op would show it)."""
-    e = {k: v for k, v in os.environ.items()
-         if not k.startswith(("CGWATCH", "DS_ACCELERATOR"))}
-    e["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")
-    e["PYTHONUNBUFFERED"] = "1"
-    return e
-
-
-@pytest.fixture(scope="module")
-def pth_installed() -> Iterator[str]:
-    """cgwatch-deepspeed.pth in this interpreter's site-packages, written by the documented
-    command; removed afterwards unless it was there before (it is inert without the switch)."""
-    from cgwatch.integrations import deepspeed as cgds
-
-    path = cgds.pth_path()
-    existed = os.path.exists(path)
-    out = subprocess.run([sys.executable, "-m", "cgwatch.integrations", "install-pth"],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.strip() == path
-    try:
-        yield path
-    finally:
-        if not existed:
-            cgds.uninstall_pth()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def run_in(tree: Tree, cgroup: str, code: str, env: dict[str, str],
-           timeout: float = 180) -> Any:
-    """Run `code` in a child python inside `cgroup`; return the JSON of its `RESULT` line."""
-    proc = tree.spawn(cgroup, code, env=env)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"child timed out after {timeout}s\nstdout:\n{out[-3000:]}\n"
-                    f"stderr:\n{err[-3000:]}")
-    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{err[-5000:]}"
-    results = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
-    assert results, f"child printed no RESULT line\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
-    return json.loads(results[-1])
 
 
 # Child prologue: read accelerator answers and cgwatch's at the same moment (retry until no
