@@ -19,13 +19,22 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable, Optional, Protocol
 
 from .units import human_bytes
 
+# Powers of 1024 for every spelling: `512M`, `512MB`, `512Mi` and `512MiB` are all 512 MiB, as
+# for `docker run --memory` / `--shm-size`. Kubernetes' decimal `M` (10**6) is not followed:
+# the existing `512M` / `512mb` meant 512 MiB here before Kubernetes' `Mi` was accepted.
 _UNIT_SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+# re.ASCII: only 0-9 are digits (`\d` alone also matches `²` or Arabic-Indic digits).
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(?:i?b?)?|b)?\s*$",
+                   re.IGNORECASE | re.ASCII)
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$", re.ASCII)
+# No machine has 2**62 bytes (4 EiB); longer text is refused before any arithmetic on it.
+MAX_BYTES = 1 << 62
+_MAX_TEXT = 40
 
 
 @dataclass(frozen=True)
@@ -67,19 +76,27 @@ class Threshold:
 
     @staticmethod
     def parse(text: str) -> Threshold:
-        """`512M`, `512MiB`, `1.5G`, `1048576` (bytes; k/m/g/t are powers of 1024 with or
-        without `i`/`B`) or `10%` (of total_memory()). Raises ValueError."""
+        """`512M`, `512Mi`, `512MiB`, `512MB`, `1.5G`, `1048576` (bytes) or `10%` (of
+        total_memory()). K/M/G/T are powers of 1024 however written (with or without `i`
+        and `B`, any case). Raises ValueError, with the reason, for anything else: no
+        number, a fraction of a byte, zero, 100% or more, more than 4 EiB."""
+        if len(text) > _MAX_TEXT:
+            raise ValueError(f"not a size or percentage (too long): {text[:_MAX_TEXT]!r}...")
         match = _PERCENT.match(text)
         if match:
             return Threshold(fraction=float(match.group(1)) / 100)
         match = _SIZE.match(text)
         if not match:
-            raise ValueError(f"not a size or percentage: {text!r}")
-        number, unit = match.group(1), match.group(2).lower()
-        value = float(number) * (1 << _UNIT_SHIFT[unit])
+            raise ValueError(f"not a size or percentage: {text!r} (give e.g. 512Mi, 2G, "
+                             "1048576 or 10%)")
+        number, unit = match.group(1), (match.group(2) or "").lower()
         if not unit and "." in number:
             raise ValueError(f"a byte count must be whole: {text!r}")
-        return Threshold(bytes=int(value))
+        # Exact (Fraction, not float): a float overflows on a long number, and rounds.
+        value = int(Fraction(number) * (1 << _UNIT_SHIFT[unit]))
+        if value > MAX_BYTES:
+            raise ValueError(f"larger than any memory (over 4 EiB): {text!r}")
+        return Threshold(bytes=value)
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,20 @@
 and `cgwatch run -- CMD` (run.py), and the dispatch to them.
 
 The subcommands' modules are imported only when one is run: the table does not load the
-events layer.
+events layer. A closed output pipe (`cgwatch --json | head -1`) ends the command quietly with
+status 141 (Python's documented SIGPIPE advice: point stdout at /dev/null, exit).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import sys
+import textwrap
 from typing import TYPE_CHECKING, Optional
 
+from .. import __version__
 from . import show
 
 if TYPE_CHECKING:
@@ -25,6 +31,47 @@ def _threshold(text: str) -> Threshold:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 or less would spin a core; nan never ends)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
+    return value
+
+
+def _percent(text: str) -> float:
+    """A fill level in percent, more than 0 and at most 100 (`90` or `90%`)."""
+    stripped = text.strip()
+    try:
+        value = float(stripped[:-1] if stripped.endswith("%") else stripped)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 100: {text!r}")
+    return value
+
+
+SIZES_HELP = ("Sizes: a byte count (1048576) or a number with K, M, G or T; every spelling "
+              "is a power of 1024: 512M = 512Mi = 512MiB = 512MB = 512 * 2**20 bytes (as "
+              "docker --memory; unlike Kubernetes, M is not 10**6).")
+EXIT_HELP = ("Exit status: 0 done; 1 error; 2 usage error; 141 the output pipe was closed "
+             "(`| head`), as for a program killed by SIGPIPE. `cgwatch run`: CMD's own "
+             "status, 128+N when a signal N ended it, 126 CMD not executable, 127 not found.")
+
+
+def _paragraphs(*texts: str) -> str:
+    """Help text kept as paragraphs (RawDescriptionHelpFormatter keeps these line breaks)."""
+    return "\n\n".join(textwrap.fill(t, 78) for t in texts)
+
+
+COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
+                 "once; further rises of it within 1 s make one line at the end of that second, "
+                 "with the number of rises (`[37 rises in 1s]`).")
+
+
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     """The parser of each command: "" is `cgwatch` itself (the table), the others its
     subcommands, by name."""
@@ -36,40 +83,65 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
     top = argparse.ArgumentParser(
         prog="cgwatch", parents=[common],
-        description="Show how much memory this process may really use: the memory limits on "
-                    "the path from its cgroup to the top, and the headroom left.",
-        epilog="More: `cgwatch watch` prints memory events as they happen; `cgwatch run -- "
-               "CMD` runs CMD and explains an OOM kill (see --help of each).")
+        description=_paragraphs(
+            "Show how much memory this process may really use: the memory limits on "
+            "the path from its cgroup to the top, and the headroom left."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_paragraphs("More: `cgwatch watch` prints memory events as they happen; "
+                           "`cgwatch run -- CMD` runs CMD and explains an OOM kill (see "
+                           "--help of each). /dev/shm is shown when it is smaller than the "
+                           "available memory.", SIZES_HELP, EXIT_HELP))
+    top.add_argument("--version", action="version", version=f"cgwatch {__version__}")
     # Not dest "json": watch's --json is another option, whose default would overwrite this
     # one's value; main rejects this one before a subcommand's name.
     top.add_argument("--json", action="store_true", dest="table_json",
                      help="print JSON (sizes in bytes)")
     # Not "command": that is run's CMD.
-    subcommands = top.add_subparsers(dest="subcommand", metavar="{watch,run,serve}")
+    # No metavar: argparse lists every registered subcommand in the usage line and --help.
+    subcommands = top.add_subparsers(dest="subcommand", title="commands")
 
     watch = subcommands.add_parser(
         "watch", parents=[common], prog="cgwatch watch",
         help="the headroom now, then a line per memory event until Ctrl-C",
-        description="Print the headroom now, then one line per memory event (OOM kills, limit "
-                    "hits, ...) and per --below crossing, until Ctrl-C.")
+        description=_paragraphs(
+            "Print the headroom now, then one line per memory event (OOM kills, limit "
+            "hits, ...) and per --below crossing, until Ctrl-C or SIGTERM."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_paragraphs(COALESCE_HELP, SIZES_HELP, EXIT_HELP))
     watch.add_argument("--json", action="store_true", help="print JSON lines (sizes in bytes)")
     watch.add_argument("--below", action="append", default=[], metavar="SIZE|PCT",
                        type=_threshold,
-                       help="report when available memory drops below SIZE (512M, 2G, bytes) "
+                       help="report when available memory drops below SIZE (512Mi, 2G, bytes) "
                             "or PCT of total memory (10%%), and when it recovers; repeatable")
     watch.add_argument("--all", action="store_true",
                        help="also print rises that only repeat the level below's (v2 counts a "
                             "kill at every ancestor)")
-    watch.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+    watch.add_argument("--interval", type=_seconds, default=1.0, metavar="SECONDS",
                        help="how often what has no kernel notification is re-read (default 1)")
+    watch.add_argument("--shm-above", type=_percent, default=90.0, metavar="PCT",
+                       help="warn when /dev/shm is fuller than PCT (default 90); a full "
+                            "/dev/shm kills with SIGBUS")
 
     run = subcommands.add_parser(
         "run", parents=[common], prog="cgwatch run",
         help="run CMD; explain an OOM kill",
-        description="Run CMD in this cgroup; exit with its status; if the OOM killer struck "
-                    "meanwhile, say which cgroup's limit was reached and what to do.")
+        description=_paragraphs(
+            "Run CMD in this cgroup; exit with its status; if the OOM killer struck "
+            "meanwhile, say which cgroup's limit was reached and what to do; if CMD "
+            "died of SIGBUS while /dev/shm was full, say so. Once CMD runs, cgwatch "
+            "lowers its own oom_score_adj to -500 (never raises it: a lower value "
+            "found is kept; needs root) so the OOM killer takes CMD's processes "
+            "before the watcher that explains the kill. It keeps counts and the "
+            "first and last event per counter and level, not every event."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_paragraphs(COALESCE_HELP, EXIT_HELP))
     run.add_argument("-v", "--verbose", action="store_true",
-                     help="print memory events to stderr as they happen")
+                     help="print memory events to stderr as they happen (bursts coalesced)")
+    run.add_argument("--json", action="store_true",
+                     help="the report as one JSON object on stderr instead of text, always "
+                          "(also when nothing happened)")
+    run.add_argument("--report", metavar="FILE",
+                     help="also write the report as JSON to FILE, always")
     # REMAINDER: everything from CMD on is CMD's, its options included.
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
                      help="the command to run")
@@ -92,6 +164,19 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """The `cgwatch` command (argv: without the program name; None: sys.argv[1:])."""
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe must be seen inside the try
+    except BrokenPipeError:
+        # https://docs.python.org/3/library/signal.html#note-on-sigpipe: the reader is gone;
+        # stdout to /dev/null so the interpreter's final flush cannot raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE: what a shell reports for `yes | head -1`'s yes
+    return status
+
+
+def _dispatch(argv: Optional[list[str]]) -> int:
     parsers = _parsers()
     args, extra = parsers[""].parse_known_args(argv, argparse.Namespace(root="/"))
     name = args.subcommand or ""

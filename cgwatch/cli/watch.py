@@ -1,5 +1,7 @@
 """`cgwatch watch`: the current headroom, then one line per memory event and per headroom
-threshold crossing until Ctrl-C (or SIGTERM); `--json` prints JSON lines instead."""
+threshold crossing until Ctrl-C (or SIGTERM); `--json` prints JSON lines instead. Bursts of
+one counter at one level are coalesced (coalesce.py), and a /dev/shm fuller than
+`--shm-above` is warned about (and its recovery told) once per crossing."""
 
 from __future__ import annotations
 
@@ -8,17 +10,24 @@ import json
 import signal
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, Optional, TextIO
 
 from ..alerts import Threshold
 from ..event import Event
 from ..events import Events, Item
 from ..monitor import Monitor
+from ..shm import ShmUsage, shm_limits, shm_usage
 from ..units import human_bytes
+from .coalesce import Coalescer, rises_suffix
 from .format import format_item
 
+# /dev/shm must drop this many points below --shm-above before "back below" is told: a
+# DataLoader filling and freeing batches around the line would otherwise print every check.
+SHM_HYSTERESIS = 5.0
 
-def start_record(monitor: Monitor, events: Events, thresholds: list[Threshold]) -> dict[str, Any]:
+
+def start_record(monitor: Monitor, events: Events, thresholds: list[Threshold],
+                 shm: Optional[ShmUsage] = None) -> dict[str, Any]:
     """What `watch` prints first: where it is, the headroom now, and how it is watching."""
     status = monitor.status
     available = monitor.available_memory()
@@ -28,7 +37,9 @@ def start_record(monitor: Monitor, events: Events, thresholds: list[Threshold]) 
             "directory": status.directory, "mode": status.mode, "reason": status.reason,
             "available_memory": available, "total_memory": monitor.total_memory(),
             "least_headroom": least[0].cgroup_path if least else None,
-            "thresholds": [t.describe() for t in thresholds], **events.mechanisms()}
+            "thresholds": [t.describe() for t in thresholds],
+            "dev_shm": shm.as_dict() if shm_limits(shm, available) and shm else None,
+            **events.mechanisms()}
 
 
 def format_start(rec: dict[str, Any]) -> str:
@@ -43,11 +54,41 @@ def format_start(rec: dict[str, Any]) -> str:
              f"  events: {rec['events']}"]
     if rec["thresholds"]:
         lines.append(f"  alerts below {', '.join(rec['thresholds'])}: {rec['alerts']}")
+    shm = rec.get("dev_shm")
+    if shm:
+        lines.append(f"  /dev/shm {human_bytes(shm['size'])} (smaller than available), "
+                     f"{shm['percent_used']:g}% used")
     return "\n".join(lines)
 
 
-def json_item(item: Item) -> str:
-    return json.dumps({**item.as_dict(), "wall_time": time.time()})
+def shm_crossing(full: bool, usage: ShmUsage, above: float) -> Optional[bool]:
+    """The new state when /dev/shm crossed `above` percent (True: now fuller), else None."""
+    if not full and usage.percent_used > above:
+        return True
+    if full and usage.percent_used <= above - SHM_HYSTERESIS:
+        return False
+    return None
+
+
+def shm_record(usage: ShmUsage, full: bool, above: float) -> dict[str, Any]:
+    return {"type": "shm", "state": "above" if full else "below", "threshold_percent": above,
+            **usage.as_dict(), "time": time.monotonic(), "wall_time": time.time()}
+
+
+def format_shm(rec: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(rec["wall_time"]))
+    use = (f"{rec['percent_used']:g}% full ({human_bytes(rec['used'])} of "
+           f"{human_bytes(rec['size'])})")
+    if rec["state"] == "above":
+        return (f"{stamp} WARNING /dev/shm is {use}, above {rec['threshold_percent']:g}%: a "
+                "process that maps more of it dies of SIGBUS (raise it: docker run --shm-size, "
+                "a Kubernetes emptyDir with medium: Memory)")
+    return f"{stamp} INFO    /dev/shm is back to {use}"
+
+
+def json_item(item: Item, rises: int = 1) -> str:
+    extra = {"rises": rises} if rises > 1 else {}
+    return json.dumps({**item.as_dict(), **extra, "wall_time": time.time()})
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -55,6 +96,8 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def run_watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    # SIGINT is Python's KeyboardInterrupt unless the parent ignored it (`cmd &` in a
+    # script): then it stays ignored, as a background job's should; SIGTERM always stops.
     signal.signal(signal.SIGTERM, _stop)
     with Monitor(args.root) as monitor, Events(monitor, log=False,
                                                poll_interval=args.interval,
@@ -62,18 +105,40 @@ def run_watch(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         for spec in args.below:
             events.alert_below(spec)
         try:
-            rec = start_record(monitor, events, args.below)
+            shm = shm_usage(args.root)
+            rec = start_record(monitor, events, args.below, shm)
             out.write((json.dumps(rec) if args.json else format_start(rec)) + "\n")
             out.flush()
-            for item in events:
-                if isinstance(item, Event) and item.propagated and not args.all:
-                    continue
-                line = json_item(item) if args.json else format_item(
-                    item, events.limit_above(item))
-                out.write(line + "\n")
-                out.flush()
+            _follow(args, events, out, shm)
         except KeyboardInterrupt:
             pass
-        except BrokenPipeError:
-            pass  # `cgwatch watch | head`: the reader is gone
+        # A closed pipe (`cgwatch watch | head`) goes up to cli.main, which ends quietly.
     return 0
+
+
+def _follow(args: argparse.Namespace, events: Events, out: TextIO,
+            shm: Optional[ShmUsage]) -> None:
+    coalescer = Coalescer()
+    shm_full = False
+    next_shm = time.monotonic()
+    while not events.closed:
+        now = time.monotonic()
+        deadlines = [next_shm] + [t for t in [coalescer.next_due()] if t is not None]
+        item = events.get(timeout=max(0.0, min(deadlines) - now))
+        now = time.monotonic()
+        if isinstance(item, Event) and item.propagated and not args.all:
+            item = None  # the level below's rise, repeated by v2's hierarchical counters
+        lines = coalescer.offer(item, now) if item is not None else coalescer.due(now)
+        for shown, rises in lines:
+            out.write((json_item(shown, rises) if args.json else
+                       format_item(shown, events.limit_above(shown)) + rises_suffix(rises))
+                      + "\n")
+        if now >= next_shm:
+            next_shm = now + args.interval
+            shm = shm_usage(args.root) if shm is not None else None  # none at start: none
+            state = shm_crossing(shm_full, shm, args.shm_above) if shm else None
+            if state is not None and shm is not None:
+                shm_full = state
+                rec = shm_record(shm, state, args.shm_above)
+                out.write((json.dumps(rec) if args.json else format_shm(rec)) + "\n")
+        out.flush()
