@@ -9,6 +9,7 @@ Markdown table (case, answer, status reason).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -308,3 +309,84 @@ def _size(n: int) -> str:
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="cgwatch-faults-") as tmp:
         print(markdown(run_all(tmp)))
+
+
+# ---- the I/O edges themselves: writes never follow links, reads are bounded ---------------------
+
+
+def _victim(tmp: str) -> str:
+    victim = os.path.join(tmp, "victim")
+    with open(victim, "w") as f:
+        f.write("precious\n")
+    return victim
+
+
+def test_event_control_write_does_not_follow_a_link(tmp_path: Any) -> None:
+    from cgwatch import notify
+
+    cgroup = str(tmp_path)
+    victim = _victim(cgroup)
+    with open(os.path.join(cgroup, "memory.oom_control"), "w") as f:
+        f.write("oom_kill_disable 0\n")
+    os.symlink(victim, os.path.join(cgroup, "cgroup.event_control"))
+    with pytest.raises(OSError) as raised:
+        notify.register_v1(cgroup, "memory.oom_control")
+    assert raised.value.errno == errno.ELOOP
+    with open(victim) as f:
+        assert f.read() == "precious\n"
+
+
+def test_pressure_trigger_does_not_follow_a_link(tmp_path: Any) -> None:
+    from cgwatch import notify
+
+    victim = _victim(str(tmp_path))
+    os.symlink(victim, os.path.join(str(tmp_path), "memory.pressure"))
+    with pytest.raises(OSError) as raised:
+        notify.psi_trigger(str(tmp_path), "some 100000 1000000")
+    assert raised.value.errno == errno.ELOOP
+    with open(victim) as f:
+        assert f.read() == "precious\n"
+
+
+def test_control_files_are_never_created(tmp_path: Any) -> None:
+    from cgwatch import notify
+
+    with open(os.path.join(str(tmp_path), "memory.oom_control"), "w") as f:
+        f.write("oom_kill_disable 0\n")
+    with pytest.raises(FileNotFoundError):
+        notify.register_v1(str(tmp_path), "memory.oom_control")
+    with pytest.raises(FileNotFoundError):
+        notify.psi_trigger(str(tmp_path), "some 100000 1000000")
+    assert sorted(os.listdir(str(tmp_path))) == ["memory.oom_control"]
+
+
+def test_reads_are_bounded_and_say_so(tmp_path: Any) -> None:
+    from cgwatch import files, kept
+
+    big = os.path.join(str(tmp_path), "memory.stat")
+    with open(big, "wb") as f:
+        f.write(b"x" * (files.KEPT_READ_LIMIT + files.READ_SIZE + 1))
+    with pytest.raises(OSError) as raised:
+        kept.KeptDir(str(tmp_path), None).read("memory.stat")
+    assert raised.value.errno == errno.EFBIG and raised.value.filename == big
+    with open(big, "wb") as f:
+        f.write(b"y" * (files.FILE_READ_LIMIT + 1))
+    with pytest.raises(OSError) as raised:
+        files.read_file(big)
+    assert raised.value.errno == errno.EFBIG and "larger than 4096 KiB" in str(raised.value)
+    with open(big, "wb") as f:
+        f.write(b"z" * files.FILE_READ_LIMIT)  # exactly the bound is still read
+    assert len(files.read_file(big)) == files.FILE_READ_LIMIT
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory"])
+def test_open_regular_refuses_what_is_not_a_file(tmp_path: Any, kind: str) -> None:
+    from cgwatch import files
+
+    path = os.path.join(str(tmp_path), "memory.max")
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        os.mkdir(path)
+    with pytest.raises(OSError, match=kind):  # O_NONBLOCK: a FIFO does not block the open
+        files.open_regular(path)
