@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..event import Event
+from ..shm import ShmUsage
 from ..units import human_bytes
 
 KILL_COUNTERS = ("oom_kill", "oom_group_kill")
+# /dev/shm at least this full at its fullest while CMD ran counts as "was full": a worker
+# mapping a 10 MiB batch into a 64 MiB tmpfs with 6 MiB left dies at 90%, not at 100%.
+SHM_FULL_PERCENT = 90.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,38 @@ def explain(report: Report) -> str:
                    f"Kubernetes resources.limits.memory, systemd MemoryMax=) or make {cmd} "
                    "use less memory (smaller batches, fewer worker processes); a program can "
                    "call cgwatch.available_memory() to learn how much it may still allocate.")
+    return "\n".join("cgwatch: " + line for line in lines)
+
+
+def explain_shm(cmd: str, status: int, sig: Optional[int], peak: Optional[ShmUsage],
+                available: int) -> Optional[str]:
+    """The lines for a CMD that died of SIGBUS (or failed) while /dev/shm was nearly full at
+    some point (`peak`: its fullest sample); None when that does not apply. A full tmpfs
+    does not fail a write with ENOSPC when the page is touched through mmap: the kernel
+    sends SIGBUS (Linux shmem fault path, seen on 5.15 and 6.x), "Bus error" in a shell,
+    "DataLoader worker (pid N) is killed by signal: Bus error" in PyTorch."""
+    if peak is None or peak.percent_used < SHM_FULL_PERCENT or status == 0:
+        return None
+    fullest = (f"{peak.percent_used:.0f}% full at its fullest: {human_bytes(peak.used)} of "
+               f"{human_bytes(peak.size)}")
+    if sig == signal.SIGBUS or status == 128 + signal.SIGBUS:
+        head = (f"{cmd} died of SIGBUS (exit status {status}) while /dev/shm was {fullest}. "
+                "A process that touches a new page of a shared-memory file when that tmpfs "
+                "is full gets SIGBUS (\"Bus error\"), however much memory is left")
+    else:
+        head = (f"{cmd} failed (exit status {status}) while /dev/shm was {fullest}; a "
+                "process of it that touched shared memory then got SIGBUS (\"Bus error\"; "
+                "PyTorch: \"DataLoader worker ... is killed by signal: Bus error\") if it "
+                "needed more")
+    if peak.size < available:
+        head += f" ({human_bytes(available)} of memory is available)."
+    else:
+        head += "."
+    lines = _wrap(head)
+    lines += _wrap("what to do: give it a bigger /dev/shm (docker run --shm-size=1g; "
+                   "Kubernetes: an emptyDir with medium: Memory and a sizeLimit, mounted at "
+                   "/dev/shm) or make it use less shared memory (PyTorch DataLoader: fewer "
+                   "num_workers, smaller batches, a smaller prefetch_factor).")
     return "\n".join("cgwatch: " + line for line in lines)
 
 

@@ -12,7 +12,17 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   foreground job, CMD included; cgwatch waits for it, as a shell does); SIGTERM, SIGHUP,
   SIGUSR1 and SIGUSR2 are forwarded to CMD.
 - cgwatch itself (about 20 MB) is charged to the same cgroup; it lowers its own OOM score
-  after starting CMD (where allowed) so the OOM killer picks CMD's processes first.
+  (oom_score_adj) to -500 after starting CMD (where allowed: CAP_SYS_RESOURCE) so the OOM
+  killer picks CMD's processes first. It never raises it: a value found at -500 or below is
+  kept. The write opens the existing file only (O_NOFOLLOW | O_CLOEXEC, no O_CREAT).
+- Memory stays bounded however long CMD runs (runlog.py): per counter and level the number
+  of rises, their total and the first and last event. `-v` coalesces bursts (coalesce.py).
+- /dev/shm is sampled every 0.25 s; CMD dying of SIGBUS (or failing) while it was over 90%
+  full is explained (explain.py `explain_shm`).
+- `--json` / `--report FILE`: the report as one JSON object (report_json) on stderr / in
+  FILE. The killed process is named (pid, command) only when it is CMD itself, killed by
+  SIGKILL while an `oom_kill` was counted: the kernel log that names other victims is not
+  reliably readable (dmesg_restrict, containers), so they are counted, not named.
 - v1 counts `oom_kill` only in the victim's own cgroup: a CMD that moves its processes into a
   cgroup below ours is not covered there (v2 counts the whole subtree).
 """
@@ -20,12 +30,14 @@ events, exit with CMD's status, and say why when the OOM killer struck.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Optional
 
 from .. import names, values
@@ -33,8 +45,11 @@ from ..event import Event
 from ..events import Events, Item
 from ..files import read_file, under_root
 from ..monitor import Monitor
-from .explain import KILL_COUNTERS, Report, explain, find_culprit
+from ..shm import ShmUsage, shm_usage
+from .coalesce import Coalescer, rises_suffix
+from .explain import KILL_COUNTERS, Report, explain, explain_shm, find_culprit
 from .format import format_item
+from .runlog import RunLog
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _LEFT_TO_CHILD = (signal.SIGINT, signal.SIGQUIT)
@@ -65,7 +80,8 @@ def _vmstat_oom_kills(root: str) -> Optional[int]:
 
 def build_report(command: str, returncode: int, seen: list[Item],
                  monitor: Monitor) -> Optional[Report]:
-    """The report to print, or None when no OOM kill touched the path."""
+    """The report to print, or None when no OOM kill touched the path. `seen`: the events
+    (RunLog.events() gives one merged Event per counter and level)."""
     events = [e for e in seen if isinstance(e, Event)]
     kills = [e for e in events if e.counter in KILL_COUNTERS]
     if not kills:
@@ -99,20 +115,21 @@ def run_command(args: argparse.Namespace) -> int:
         # The library's own warnings (a fallback, say) would otherwise reach stderr through
         # logging's last-resort handler: `run` adds nothing to CMD's output unless asked.
         logger.addHandler(logging.NullHandler())
-    seen: list[Item] = []
-    seen_lock = threading.Lock()
+    runlog = RunLog()
+    host_note: Optional[str] = None
+    pid: Optional[int] = None
 
-    with Monitor(args.root) as monitor, Events(monitor, log=False) as events:
+    with Monitor(args.root) as monitor, Events(monitor, log=False, queue_size=0) as events:
+        printer = _Verbose(events) if args.verbose else None
+
         def collect(item: Any) -> None:
-            with seen_lock:
-                seen.append(item)
-            if args.verbose:
-                print(f"cgwatch: {format_item(item, events.limit_above(item))}",
-                      file=sys.stderr, flush=True)
+            runlog.add(item)
+            if printer is not None:
+                printer.offer(item)
 
         events.subscribe(collect)
         host_kills_before = _vmstat_oom_kills(args.root)
-        with _Relay() as relay:
+        with _Relay() as relay, _ShmSampler(args.root) as shm:
             try:
                 proc = subprocess.Popen(command)
             except FileNotFoundError:
@@ -121,34 +138,192 @@ def run_command(args: argparse.Namespace) -> int:
             except OSError as e:  # not executable, not a program, ...
                 print(f"cgwatch run: {command[0]}: {e.strerror or e}", file=sys.stderr)
                 return 126
+            pid = proc.pid
             relay.started(proc)
-            _prefer_not_to_be_killed(args.root)
+            prefer_not_to_be_killed(args.root)
             returncode = proc.wait()
         events.scan_now()  # rises that landed after the last notification was read
-        with seen_lock:
-            report = build_report(name, returncode, list(seen), monitor)
+        if printer is not None:
+            printer.close()
+        report = build_report(name, returncode, list(runlog.events()), monitor)
         if report is None and returncode == -signal.SIGKILL:
             after = _vmstat_oom_kills(args.root)
             if host_kills_before is not None and after is not None \
                     and after > host_kills_before:
-                print(f"cgwatch: {name} was killed by SIGKILL; meanwhile the kernel's "
-                      f"OOM killer killed {after - host_kills_before} process(es) on this "
-                      "host, none counted on this cgroup path (see `dmesg` for 'Killed "
-                      "process')", file=sys.stderr)
-    if report is not None:
-        print(explain(report), file=sys.stderr, flush=True)
+                host_note = (f"{name} was killed by SIGKILL; meanwhile the kernel's "
+                             f"OOM killer killed {after - host_kills_before} process(es) on "
+                             "this host, none counted on this cgroup path (see `dmesg` for "
+                             "'Killed process')")
+        available = monitor.available_memory()
+    shm_text = explain_shm(name, exit_status(returncode),
+                           -returncode if returncode < 0 else None, shm.peak, available)
+    if args.json or args.report:
+        data = report_json(command, pid, returncode, report, runlog, shm.peak, shm.last,
+                           shm_text, host_note)
+        if args.report:
+            _write_report(args.report, data)
+    if args.json:
+        print(json.dumps(data), file=sys.stderr, flush=True)
+        return exit_status(returncode)
+    for text in (host_note and "cgwatch: " + host_note,
+                 report is not None and explain(report), shm_text):
+        if text:
+            print(text, file=sys.stderr, flush=True)
     return exit_status(returncode)
 
 
-def _prefer_not_to_be_killed(root: str) -> None:
-    """Lower our own OOM score (after CMD started, so CMD keeps its own): the watcher is small,
-    and if the OOM killer took it instead, CMD would run on unwatched and its status be lost.
-    Needs CAP_SYS_RESOURCE; without it nothing changes."""
+def report_json(command: list[str], pid: Optional[int], returncode: int,
+                report: Optional[Report], runlog: RunLog, shm_peak: Optional[ShmUsage],
+                shm_last: Optional[ShmUsage], shm_text: Optional[str],
+                host_note: Optional[str]) -> dict[str, Any]:
+    """The report as plain data: what `--json` prints and `--report FILE` writes."""
+    sig = -returncode if returncode < 0 else None
+    kills = sum(e.delta for e in report.kills) if report is not None else 0
+    killed = None
+    if report is not None and sig == signal.SIGKILL:
+        # CMD itself died of SIGKILL while the OOM killer struck on its path: it is the victim
+        # (another process's SIGKILL at the same moment is the one case this misnames).
+        killed = {"pid": pid, "command": command}
+    culprit = report.culprit if report is not None else None
+    return {
+        "type": "run", "command": command, "pid": pid,
+        "exit_status": exit_status(returncode),
+        "signal": signal.Signals(sig).name if sig in signal.valid_signals() and sig
+        else sig,
+        "oom_kills": kills,
+        "oom_kills_in": sorted({e.cgroup_path for e in report.kills}) if report else [],
+        "killed_process": killed,
+        "culprit": None if culprit is None else {
+            "cgroup_path": culprit.cgroup_path, "limit": culprit.limit,
+            "certain": culprit.certain, "peak": report.peak if report else None,
+            "peak_file": report.peak_file if report else ""},
+        "events": [s.as_dict() for s in runlog.summaries()],
+        "headroom_alerts": runlog.alerts,
+        "peak_usage_seen": runlog.peak_usage,
+        "dev_shm": {"peak": shm_peak.as_dict() if shm_peak else None,
+                    "at_exit": shm_last.as_dict() if shm_last else None},
+        "explanation": [line.removeprefix("cgwatch: ") for text in
+                        (host_note and "cgwatch: " + host_note,
+                         report is not None and explain(report), shm_text)
+                        if text for line in text.splitlines()],
+    }
+
+
+def _write_report(path: str, data: dict[str, Any]) -> None:
     try:
-        with open(under_root(root, names.OOM_SCORE_ADJ), "w") as f:
-            f.write(str(_OOM_SCORE_ADJ))
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+    except OSError as e:
+        print(f"cgwatch run: cannot write the report to {path}: {e.strerror or e}",
+              file=sys.stderr)
+
+
+class _Verbose:
+    """`-v`: coalesced event lines to stderr; a thread prints what waited out its window."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.coalescer = Coalescer()
+        self.cond = threading.Condition()
+        self.closed = False
+        self.thread = threading.Thread(target=self._flush_when_due, name="cgwatch-run-v",
+                                       daemon=True)
+        self.thread.start()
+
+    def offer(self, item: Item) -> None:
+        with self.cond:
+            self._print(self.coalescer.offer(item, time.monotonic()))
+            self.cond.notify()
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self._print(self.coalescer.flush())
+            self.cond.notify()
+        self.thread.join(timeout=5)
+
+    def _flush_when_due(self) -> None:
+        with self.cond:
+            while not self.closed:
+                due = self.coalescer.next_due()
+                self.cond.wait(None if due is None else max(0.0, due - time.monotonic()))
+                self._print(self.coalescer.due(time.monotonic()))
+
+    def _print(self, lines: list[tuple[Item, int]]) -> None:
+        for item, rises in lines:
+            print(f"cgwatch: {format_item(item, self.events.limit_above(item))}"
+                  f"{rises_suffix(rises)}", file=sys.stderr, flush=True)
+
+
+class _ShmSampler:
+    """/dev/shm's fullest moment while CMD runs (a worker's segments are freed when it dies,
+    so the use at exit can be low again): statvfs every 0.25 s on a thread."""
+
+    INTERVAL = 0.25
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.peak: Optional[ShmUsage] = None
+        self.last: Optional[ShmUsage] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped,
+                                        name="cgwatch-run-shm", daemon=True)
+
+    def __enter__(self) -> _ShmSampler:
+        self.sample()
+        if self.last is not None:  # no /dev/shm: nothing to follow
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.sample()
+
+    def sample(self) -> None:
+        usage = shm_usage(self.root)
+        if usage is None:
+            return
+        self.last = usage
+        if self.peak is None or usage.used >= self.peak.used:
+            self.peak = usage
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            self.sample()
+
+
+def prefer_not_to_be_killed(root: str) -> Optional[int]:
+    """Lower our own OOM score (after CMD started, so CMD keeps its own) to _OOM_SCORE_ADJ,
+    never raising it: the watcher is small, and if the OOM killer took it instead, CMD would
+    run on unwatched and its status be lost. Lowering needs CAP_SYS_RESOURCE; without it
+    nothing changes. The value written, or None when nothing was (already as low, unreadable,
+    not allowed)."""
+    path = under_root(root, names.OOM_SCORE_ADJ)
+    try:
+        # O_NOFOLLOW: with --root (or a fake tree) a symlink must not make us write another
+        # file; no O_CREAT: the file is the kernel's, or there is nothing to do.
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        pass
+        return None
+    try:
+        found = os.read(fd, 64).decode("ascii", "replace").strip()
+        if not (found.lstrip("-").isascii() and found.lstrip("-").isdigit()):
+            return None  # not a number: leave it alone
+        if int(found) <= _OOM_SCORE_ADJ:
+            return None  # already at least as protected: never raise it
+        # procfs takes the value at offset 0 whatever was read; pwrite for a fake tree's file
+        os.pwrite(fd, f"{_OOM_SCORE_ADJ}\n".encode(), 0)
+        if not root or root == "/":
+            return _OOM_SCORE_ADJ
+        os.ftruncate(fd, len(f"{_OOM_SCORE_ADJ}\n"))
+        return _OOM_SCORE_ADJ
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class _Relay:

@@ -1,0 +1,76 @@
+"""`cgwatch run`'s RSS around a job that lives at its memory limit (issue 11): a real v1 (or
+v2) cgroup below ours, limited to 48 MiB, where `dd` rewrites a 128 MiB file over and over,
+so the limit is hit all the time (page cache is reclaimed; failcnt / `max` rise) and nothing
+is killed. The watcher's poll interval is forced down (`--poll`) so a minute stands for hours
+of a v2 job's ~50 `max` events a second. RSS of `cgwatch run` is read from /proc at the start
+and at the end.
+
+    .venv/bin/python -m bench.cli_run_rss [--tree DIR] [--seconds 60] [--poll 0.001]
+
+`--tree`: a source tree of cgwatch to measure (default: this one), e.g. an older commit
+unpacked with `git archive`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from tests.cgroup_helpers import MiB, cgroup_tree, read
+
+DRIVER = """
+import sys
+sys.path.insert(0, {tree!r})
+import cgwatch.events as events
+original = events.Events.__init__
+def forced(self, *args, **kw):
+    kw["poll_interval"] = {poll!r}
+    original(self, *args, **kw)
+events.Events.__init__ = forced
+from cgwatch.cli import main
+sys.exit(main(["run", "--", "timeout", "{seconds}", "sh", "-c",
+               "while :; do dd if=/dev/zero of={scratch} bs=1M count=128 status=none; done"]))
+"""
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--poll", type=float, default=0.001)
+    args = parser.parse_args()
+    scratch = f"/var/tmp/cgwatch-rss-{os.getpid()}"
+    with cgroup_tree() as tree:
+        job = tree.make("job", limit=48 * MiB)
+        counter = "memory.failcnt" if tree.version == 1 else "memory.events"
+        proc = tree.spawn(job, DRIVER.format(tree=os.path.abspath(args.tree), poll=args.poll,
+                                             seconds=args.seconds, scratch=scratch),
+                          stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(3)
+            before, counted_before = rss_kib(proc.pid), read(os.path.join(job, counter))
+            time.sleep(args.seconds - 4)
+            after, counted_after = rss_kib(proc.pid), read(os.path.join(job, counter))
+            proc.wait(timeout=30)
+        finally:
+            if os.path.exists(scratch):
+                os.unlink(scratch)
+    print(f"tree {args.tree}: poll {args.poll}s, {args.seconds}s: RSS {before} -> {after} KiB "
+          f"(+{after - before}); {counter} {counted_before.split()[-1] if tree.version == 1 else ''}"
+          f" -> {counted_after.split()[-1] if tree.version == 1 else ''}; exit {proc.returncode}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
