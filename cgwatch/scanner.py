@@ -356,7 +356,8 @@ class Scanner:
         polled = f"memory.oom_control and memory.failcnt polled every {poll_interval:g}s"
         if "eventfd" in self.problems:
             return f"{polled} ({self.problems['eventfd']})"
-        return f"memory.oom_control OOM eventfd on {limited} limited level(s); {polled}"
+        return (f"memory.oom_control OOM eventfd on {limited or 'no'} limited "
+                f"level{'s' * (limited != 1)}; {polled}")
 
     def describe_alerts(self, check_interval: float) -> str:
         """How headroom alerts are noticed right now, in words."""

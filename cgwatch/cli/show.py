@@ -1,5 +1,6 @@
 """The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
-totals, as a table or JSON."""
+totals, as a table or JSON; and /dev/shm when it is smaller than the available memory (JSON:
+always, with `limits` saying whether it is)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,23 @@ import sys
 from typing import Any
 
 from ..monitor import Monitor
+from ..shm import shm_limits, shm_usage
 from ..units import human_bytes
 
+LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least headroom"}
 
-def report(monitor: Monitor) -> dict[str, Any]:
+
+def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
     """Everything the command shows, as plain data (bytes)."""
     status = monitor.status
     host_total, host_available = monitor.host_memory()
+    available = monitor.available_memory()
+    shm = shm_usage(root)
     return {
         "total_memory": monitor.total_memory(),
-        "available_memory": monitor.available_memory(),
+        "available_memory": available,
+        "dev_shm": None if shm is None else {**shm.as_dict(),
+                                             "limits": shm_limits(shm, available)},
         "host": {"mem_total": host_total, "mem_available": host_available,
                  "source": status.host_source},
         "status": {"mode": status.mode, "reason": status.reason, "version": status.version,
@@ -50,18 +58,25 @@ def format_table(data: dict[str, Any]) -> str:
     for r in rows:
         lines.append("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
                                for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-    lines.append("T: limit that sets total_memory   A: level with the least headroom")
+    marks = {m for r in rows[1:] for m in r[0] if m != " "}
+    if marks:
+        lines.append("   ".join(text for mark, text in LEGEND.items() if mark in marks))
     lines.append(f"total_memory:     {human_bytes(data['total_memory'])} "
                  f"({data['total_memory']} bytes)")
     lines.append(f"available_memory: {human_bytes(data['available_memory'])} "
                  f"({data['available_memory']} bytes)")
+    shm = data.get("dev_shm")
+    if shm and shm["limits"]:
+        lines.append(f"/dev/shm:         {human_bytes(shm['size'])} ({shm['size']} bytes), "
+                     f"{human_bytes(shm['used'])} used, smaller than available_memory: "
+                     "shared memory (DataLoader workers) runs out first, with SIGBUS")
     return "\n".join(lines)
 
 
 def run_show(root: str, as_json: bool) -> int:
     """Print the table (or JSON) for the tree at `root`; the exit status."""
     with Monitor(root) as monitor:
-        data = report(monitor)
+        data = report(monitor, root)
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
