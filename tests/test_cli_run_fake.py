@@ -1,6 +1,10 @@
 """`cgwatch run` and `cgwatch watch` as commands, on fake trees (--root): exit statuses, the
-explanation, silence when nothing happened, watch's lines and its clean stop. The real OOM
-kill is in tests/test_events_real.py."""
+explanation, silence when nothing happened, watch's lines, its coalescing and its clean stop,
+run's JSON report and its oom_score_adj. The real OOM kill is in tests/test_events_real.py.
+
+Every command starts with SIGINT at its default (not what this test's parent had: `nohup`,
+`cmd &` in a script ignore it, and Python then never raises KeyboardInterrupt) and is killed
+at the end of its test if still running."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,10 +42,31 @@ def host(request: pytest.FixtureRequest, tmp_path: Any) -> FakeHost:
     return host
 
 
+STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left() -> Iterator[None]:
+    """Kill whatever a test started and did not see end (an assert failed midway)."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cgwatch(host: FakeHost, *args: str, **kw: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cgwatch.cli", args[0], "--root", host.root,
-                             *args[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=PROJECT, **kw)
+    proc = subprocess.Popen([sys.executable, "-m", "cgwatch.cli", args[0], "--root",
+                             host.root, *args[1:]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=PROJECT,
+                            preexec_fn=_default_sigint, **kw)
+    STARTED.append(proc)
+    return proc
 
 
 def oom_script(host: FakeHost) -> str:
@@ -159,3 +185,102 @@ def test_plain_command_unchanged(host: FakeHost) -> None:
     assert proc.returncode == 0
     data = json.loads(proc.stdout)
     assert data["total_memory"] == 64 * MiB and data["host"]["mem_total"] == 64 * GiB
+
+
+def test_watch_coalesces_a_burst(host: FakeHost) -> None:
+    """Rises of one counter at one level within a second: the first at once, the rest as one
+    line with their number (issue 11: 937 lines in 25 s at a v2 memory.max)."""
+    proc = cgwatch(host, "watch", "--interval", "0.02")
+    assert proc.stdout is not None
+    for _ in range(3):
+        proc.stdout.readline()  # the start record
+    job = host.level_dir("/job")
+    name = "memory.events" if host.version == 2 else "memory.failcnt"
+    counter = "max" if host.version == 2 else "failcnt"
+
+    def set_count(n: int) -> None:
+        text = f"low 0\nhigh 0\nmax {n}\noom 0\noom_kill 0\n" if host.version == 2 else f"{n}\n"
+        host.write(f"{job}/{name}", text)
+
+    set_count(5)
+    first = proc.stdout.readline()
+    assert f"({counter} 0 -> 5;" in first and "rises in" not in first
+    started = time.monotonic()
+    for n in range(10, 60, 5):  # ten more rises, each seen by its own poll
+        time.sleep(0.06)
+        set_count(n)
+    merged = proc.stdout.readline()
+    elapsed = time.monotonic() - started
+    assert f"({counter} 5 -> 55;" in merged
+    rises = int(merged.rsplit("[", 1)[1].split()[0])
+    assert 2 <= rises <= 10 and merged.rstrip().endswith("rises in 1s]")
+    assert elapsed < 3
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0 and err == ""
+    # whatever the burst left after the merged line, it is at most one more line
+    assert len([line for line in out.splitlines() if f"{counter} " in line]) <= 1
+
+
+def test_run_json_report_names_the_killed_command(host: FakeHost, tmp_path: Any) -> None:
+    report_file = tmp_path / "report.json"
+    proc = cgwatch(host, "run", "--json", "--report", str(report_file), "--", "sh", "-c",
+                   oom_script(host))
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 137 and out == ""
+    data = json.loads(err)
+    assert data == json.loads(report_file.read_text())
+    assert data["type"] == "run" and data["exit_status"] == 137 and data["signal"] == "SIGKILL"
+    assert data["oom_kills"] == 1 and data["oom_kills_in"] == ["/job/task"]
+    assert data["killed_process"]["command"][:2] == ["sh", "-c"]
+    assert isinstance(data["killed_process"]["pid"], int) and data["pid"] == \
+        data["killed_process"]["pid"]
+    assert data["culprit"]["cgroup_path"] == "/job" and data["culprit"]["limit"] == 64 * MiB
+    assert any(e["counter"] == "oom_kill" and e["rises"] == 1 for e in data["events"])
+    assert any("killed by the kernel's OOM killer" in line for line in data["explanation"])
+
+
+def test_run_json_when_nothing_happened(host: FakeHost) -> None:
+    proc = cgwatch(host, "run", "--json", "--", "sh", "-c", "exit 3")
+    out, err = proc.communicate(timeout=30)
+    data = json.loads(err)
+    assert proc.returncode == 3 and data["exit_status"] == 3 and data["signal"] is None
+    assert data["oom_kills"] == 0 and data["killed_process"] is None
+    assert data["explanation"] == [] and data["events"] == []
+
+
+@pytest.mark.parametrize("found, expected", [
+    ("0\n", "-500\n"), ("300\n", "-500\n"), ("-499\n", "-500\n"),
+    ("-500\n", "-500\n"), ("-900\n", "-900\n"), ("-1000\n", "-1000\n"), ("junk\n", "junk\n"),
+])
+def test_run_only_lowers_oom_score_adj(host: FakeHost, found: str, expected: str) -> None:
+    path = os.path.join(host.root, "proc/self/oom_score_adj")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(found)
+    proc = cgwatch(host, "run", "--", "sh", "-c", "exit 0")
+    assert proc.communicate(timeout=30) == ("", "") and proc.returncode == 0
+    with open(path) as f:
+        assert f.read() == expected
+
+
+def test_run_does_not_write_through_a_link(host: FakeHost, tmp_path: Any) -> None:
+    elsewhere = tmp_path / "precious"
+    elsewhere.write_text("0\n")
+    path = os.path.join(host.root, "proc/self/oom_score_adj")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.lexists(path):
+        os.unlink(path)
+    os.symlink(elsewhere, path)
+    proc = cgwatch(host, "run", "--", "sh", "-c", "exit 0")
+    assert proc.communicate(timeout=30) == ("", "") and proc.returncode == 0
+    assert elsewhere.read_text() == "0\n" and os.path.islink(path)
+
+
+def test_run_never_creates_oom_score_adj(host: FakeHost) -> None:
+    path = os.path.join(host.root, "proc/self/oom_score_adj")
+    if os.path.lexists(path):
+        os.unlink(path)
+    proc = cgwatch(host, "run", "--", "sh", "-c", "exit 0")
+    assert proc.communicate(timeout=30) == ("", "") and proc.returncode == 0
+    assert not os.path.lexists(path)
