@@ -3,6 +3,7 @@ patch of psutil.virtual_memory."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -560,3 +561,13 @@ def test_switch_in_a_limited_cgroup_answers_the_limit(site_dir: Path) -> None:
     assert results["1"]["total"] == limit
     assert 0 < results["1"]["available"] <= limit
     assert results["0"]["total"] == ORIGINAL().total > limit
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
+                    reason="DeepSpeed is importable here: check prints its report")
+def test_integrations_check_without_deepspeed_is_one_line() -> None:
+    out = subprocess.run([sys.executable, "-m", "cgwatch.integrations", "check"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.startswith("cgwatch: cannot check DeepSpeed: No module named 'deepspeed'")
+    assert out.stderr.count("\n") == 1
