@@ -67,10 +67,13 @@ def main() -> None:
         finally:
             if os.path.exists(scratch):
                 os.unlink(scratch)
-    print(f"tree {args.tree}: poll {args.poll}s, {args.seconds}s: RSS {before} -> {after} KiB "
-          f"(+{after - before}); {counter} {counted_before.split()[-1] if tree.version == 1 else ''}"
-          f" -> {counted_after.split()[-1] if tree.version == 1 else ''}; exit {proc.returncode}")
+    def count(text: str) -> str:  # v1 failcnt; v2 the `max` line of memory.events
+        return text.split()[-1] if tree.version == 1 else \
+            text.split("max ", 1)[1].split()[0]
 
+    print(f"tree {args.tree}: poll {args.poll}s, {args.seconds}s: RSS {before} -> {after} KiB "
+          f"(+{after - before}); {counter} {count(counted_before)} -> {count(counted_after)}; "
+          f"exit {proc.returncode}")
 
 if __name__ == "__main__":
     sys.exit(main())
