@@ -80,8 +80,13 @@ def unescape_mount_path(field: str) -> str:
     return _OCTAL_ESCAPE.sub(_unescape_one, field)
 
 
+# Control characters other than the tab and newline the kernel escapes, and DEL. One regex
+# search, not a loop over characters: this runs on every mountinfo line at each resolve.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def _has_control(path: str) -> bool:
-    return any(c < " " and c not in _KERNEL_CONTROL_ESCAPES for c in path) or "\x7f" in path
+    return _CONTROL.search(path) is not None
 
 
 def mount_point_problem(mount_point: str) -> Optional[str]:
@@ -174,13 +179,19 @@ def _line_mounts(text: str) -> list[tuple[str, str, str]]:
     """(root, mount point, fstype) of every mountinfo line, any file system, in order."""
     found = []
     for raw in text.splitlines():
-        fields = raw.split(" ")
-        try:
-            sep = fields.index("-", 6)
-            found.append((unescape_mount_path(fields[3]), unescape_mount_path(fields[4]),
-                          fields[sep + 1]))
-        except (ValueError, IndexError):
+        fields = raw.split(" ", 6)
+        if len(fields) < 7:
             continue
+        root, point = fields[3], fields[4]
+        try:
+            if "\\" in root:
+                root = unescape_mount_path(root)
+            if "\\" in point:
+                point = unescape_mount_path(point)
+        except ValueError:
+            continue
+        _, sep, after = (" " + fields[6]).partition(" - ")
+        found.append((root, point, after.split(" ", 1)[0] if sep else ""))
     return found
 
 

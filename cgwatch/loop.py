@@ -48,18 +48,19 @@ class Timer:
 
     __slots__ = ("when", "ref", "cancelled", "_wake")
 
-    def __init__(self, when: float, ref: _Ref, wake: Callable[[], None]) -> None:
+    def __init__(self, when: float, ref: _Ref, on_cancel: Callable[[Timer], None]) -> None:
         self.when = when
         self.ref = ref
         self.cancelled = False
-        self._wake = wake
+        self._wake = on_cancel
 
     def cancel(self) -> None:
-        """Drop it; wakes the loop, which may have nothing left to wait for (then it exits
-        now, not at the cancelled deadline). Takes no lock: safe in __del__."""
+        """Drop it. If the loop sleeps until this deadline it is woken: it may have nothing
+        left to wait for (then it exits now, not at the cancelled deadline). Takes no lock:
+        safe in __del__."""
         if not self.cancelled:
             self.cancelled = True
-            self._wake()
+            self._wake(self)
 
     def __lt__(self, other: Timer) -> bool:
         return self.when < other.when
@@ -78,6 +79,9 @@ class Loop:
         self._soon: deque[Callable[[], Any]] = deque()
         self._thread: Optional[threading.Thread] = None
         self._wake_r = self._wake_w = -1
+        # A wake-up byte is in the pipe and the thread has not read it yet: a second one is
+        # not written (each write makes the thread run, and take the GIL, once more).
+        self._wake_pending = False
         self._failed: set[int] = set()  # id() of callbacks whose failure was logged
         self.problem = ""  # why the thread is not running although work is registered
 
@@ -96,12 +100,20 @@ class Loop:
             self.wake()
 
     def call_at(self, when: float, callback: Callback) -> Timer:
-        timer = Timer(when, _weak(callback), self.wake)
+        timer = Timer(when, _weak(callback), self._timer_cancelled)
         with self._lock:
             heapq.heappush(self._timers, timer)
-        self.ensure_running()
-        self.wake()
+            earliest = self._timers[0] is timer
+        if self.ensure_running() == "" and earliest:
+            self.wake()  # the thread sleeps until a later deadline: make it look again
         return timer
+
+    def _timer_cancelled(self, timer: Timer) -> None:
+        # Read without the lock (cancel() may run in __del__): at worst one wake too many, or
+        # the thread wakes at the cancelled deadline and finds nothing to do.
+        timers = self._timers
+        if timers and timers[0] is timer:
+            self.wake()
 
     def call_soon(self, callback: Callable[[], Any]) -> None:
         """Run `callback` (held strongly: it is short-lived) on the loop thread."""
@@ -139,12 +151,15 @@ class Loop:
                 self.problem = f"cannot start the background thread: {e}"
                 return self.problem
             self._thread = thread
+            self._wake_pending = False  # a new, empty pipe
             self.problem = ""
             return ""
 
     def wake(self) -> None:
+        """Make the thread look at its registrations again (lock-free: safe in __del__)."""
         fd = self._wake_w
-        if fd >= 0:
+        if fd >= 0 and not self._wake_pending:
+            self._wake_pending = True
             try:
                 os.write(fd, b"x")
             except OSError:
@@ -207,6 +222,9 @@ class Loop:
                         os.read(wake_r, 4096)
                     except OSError:
                         pass
+                    # Cleared after the read: a waker that saw it set changed the state
+                    # before it looked, and the next turn reads the state anew.
+                    self._wake_pending = False
                     continue
                 with self._lock:
                     entry = self._fds.get(fd)

@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
-from . import discovery, snapshot, tree
+from . import discovery, hostmem, snapshot, tree
 from .hostmem import HostMemory
 from .loop import LOOP, Presence, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
@@ -154,7 +154,7 @@ class Tracker:
             self._presence.leave()
             self._stop_watching()
             self._proc.forget_descriptor()
-            self.snap.host.close()
+            self.snap = replace(self.snap, host=self.snap.host.detached())
             self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
                                                      time.monotonic())
             self.due = 0.0
@@ -199,7 +199,7 @@ class Tracker:
         self._resolve_failed = isinstance(resolution, discovery.Unresolved) \
             and resolution.transient
         host = previous.host if previous is not None and previous.host.fd >= 0 \
-            else HostMemory(self.root)
+            else hostmem.shared(self.root)
         if host.reason:
             self.report(host.reason)
         self._generation += 1
