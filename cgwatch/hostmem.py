@@ -59,7 +59,10 @@ class HostMemory:
         self.source = "psutil"
         self.reason = ""
         self.total = 0
-        self.reserve_bound = -1  # bytes; -1 while the lower bound is not usable
+        # bytes; -1 while the lower bound is not usable; _NOT_YET until the first query that
+        # needs it (reading zoneinfo is a third of a Monitor()'s start-up, and a monitor that
+        # only answers total_memory() never needs it)
+        self.reserve_bound = _NOT_YET
         self._free_bytes = free_bytes
         self.path = path = under_root(root, names.MEMINFO)
         try:
@@ -81,7 +84,6 @@ class HostMemory:
                 self.reason = f"{path} unusable ({e}), psutil too ({e2}); host values " \
                               "from sysinfo(2)"
                 self.total = _sysinfo_total_bytes()
-        self.refresh_bound()
 
     def refresh_bound(self) -> None:
         """(Re)compute the reserve bound; called at start and on the monitor's slow timer,
@@ -131,9 +133,17 @@ class HostMemory:
         (each term added is >= 0, mm/show_mem.c si_mem_available). So free - (an upper bound on
         totalreserve) can only be lower. `free` comes from sysinfo(2), far cheaper than meminfo.
         """
-        if self.reserve_bound < 0 or self._free_bytes is None:
+        bound = self.reserve_bound
+        if bound < 0:
+            if bound != _NOT_YET:
+                return -1
+            self.refresh_bound()
+            bound = self.reserve_bound
+            if bound < 0:
+                return -1
+        if self._free_bytes is None:
             return -1
-        return self._free_bytes() - self.reserve_bound
+        return self._free_bytes() - bound
 
     def close(self) -> None:
         """Let go of the kept descriptor (closed when its last user lets go); available()
@@ -150,6 +160,7 @@ class HostMemory:
         return copy
 
 
+_NOT_YET = -2
 _shared_lock = threading.Lock()
 _shared: weakref.WeakValueDictionary[str, HostMemory] = weakref.WeakValueDictionary()
 

@@ -143,6 +143,9 @@ def build_levels(
 
 
 HIERARCHICAL_LIMIT = b"hierarchical_memory_limit"
+# Only a v1 hierarchy's real root has this file, also when a cgroup namespace shows another
+# cgroup as "/" (checked on 6.18).
+ROOT_ONLY = "cgroup.sane_behavior"
 
 
 def hidden_v1_limit(top: Level) -> Optional[Level]:
@@ -151,6 +154,8 @@ def hidden_v1_limit(top: Level) -> Optional[Level]:
     level's whole path, including ancestors a subtree mount hides (crun, and Docker on v1
     without a cgroup namespace, bind-mount only the container's own cgroup; checked on 6.18:
     314572800 there while memory.limit_in_bytes said unlimited)."""
+    if os.path.exists(os.path.join(top.directory, ROOT_ONLY)):
+        return None  # the hierarchy's real root: nothing above it (and its memory.stat is slow)
     try:
         value = values.find_stat_value(top.read(names.STAT), HIERARCHICAL_LIMIT)
     except (OSError, ValueError):

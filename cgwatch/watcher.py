@@ -132,3 +132,10 @@ class Watcher:
         except OSError:
             pass
 
+    def __del__(self) -> None:
+        # A monitor never closed (the default one at exit): close quietly, not with a
+        # ResourceWarning from the file object's own finaliser.
+        inotify = getattr(self, "_inotify", None)
+        if inotify is not None:
+            self.close()
+
