@@ -107,4 +107,4 @@ def test_watch_into_a_closed_pipe_ends_quietly(host: FakeHost) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.wait(timeout=10)
+        proc.communicate(timeout=10)  # waits, and closes the pipes
