@@ -284,3 +284,27 @@ def test_run_never_creates_oom_score_adj(host: FakeHost) -> None:
     proc = cgwatch(host, "run", "--", "sh", "-c", "exit 0")
     assert proc.communicate(timeout=30) == ("", "") and proc.returncode == 0
     assert not os.path.lexists(path)
+
+
+def test_run_verbose_coalesces_a_burst(host: FakeHost) -> None:
+    job = host.path(host.level_dir("/job"))
+    if host.version == 2:
+        writes = "; ".join(f"printf 'low 0\\nhigh 0\\nmax {n}\\noom 0\\noom_kill 0\\n' > "
+                           f"{job}/memory.events; sleep 0.1" for n in range(1, 9))
+        counter = "max"
+    else:
+        writes = "; ".join(f"echo {n} > {job}/memory.failcnt; sleep 1.1" for n in range(1, 4))
+        counter = "failcnt"
+    proc = cgwatch(host, "run", "-v", "--", "sh", "-c", writes + "; sleep 1.5")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == ""
+    lines = [line for line in err.splitlines() if f"({counter} " in line]
+    assert lines and all(line.startswith("cgwatch: ") for line in lines)
+    if host.version == 2:
+        # 8 rises in 0.8 s: one line at once, one merged line for the other 7 (or the few a
+        # scan saw as one), never 8
+        assert 2 <= len(lines) <= 3, lines
+        assert "rises in 1s]" in lines[-1] and lines[-1].count(" -> 8;") == 1
+    else:
+        # v1 polls failcnt every second: rises a second apart are each a line of their own
+        assert len(lines) == 3 and not any("rises in" in line for line in lines)
