@@ -193,7 +193,8 @@ class MonitorCollector(Collector):
 
     def read(self) -> Reading:
         """One scrape's reads: the answers, the status, the levels, then each level's counter
-        files once."""
+        files once. (`available_memory()` is the monitor's own answer, so it may pread the
+        limited levels' usage and memory.stat once more, as any caller's query does.)"""
         monitor = self.monitor
         total = monitor.total_memory()
         available = monitor.available_memory()
@@ -245,6 +246,8 @@ class MonitorCollector(Collector):
         with self._logged_lock:
             if key in self._logged:
                 return
+            if len(self._logged) >= 1024:  # levels come and go: stay bounded, log again
+                self._logged.clear()
             self._logged.add(key)
         log.warning("%s", message)
 
