@@ -137,10 +137,10 @@ def explain_shm(cmd: str, status: int, sig: Optional[int], peak: Optional[ShmUsa
                 "A process that touches a new page of a shared-memory file when that tmpfs "
                 "is full gets SIGBUS (\"Bus error\"), however much memory is left")
     else:
-        head = (f"{cmd} failed (exit status {status}) while /dev/shm was {fullest}; a "
-                "process of it that touched shared memory then got SIGBUS (\"Bus error\"; "
-                "PyTorch: \"DataLoader worker ... is killed by signal: Bus error\") if it "
-                "needed more")
+        head = (f"{cmd} failed (exit status {status}) while /dev/shm was {fullest}. Any "
+                "of its processes that then touched a new page of shared memory got SIGBUS "
+                "(\"Bus error\"; PyTorch: \"DataLoader worker ... is killed by signal: Bus "
+                "error\")")
     if peak.size < available:
         head += f" ({human_bytes(available)} of memory is available)."
     else:
