@@ -74,7 +74,8 @@ def find_culprit(events: Sequence[Event],
     return Culprit(path, directory, limit, False)
 
 
-def _signal_name(number: int) -> str:
+def signal_name(number: int) -> str:
+    """`SIGKILL`, or `signal 70` for a number Python has no name for."""
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -90,7 +91,7 @@ def explain(report: Report) -> str:
         head = (f"{cmd} was killed by the kernel's OOM killer (SIGKILL, exit status "
                 f"{report.status}).")
     elif report.signal is not None:
-        head = (f"{cmd} died of {_signal_name(report.signal)} (exit status {report.status}) "
+        head = (f"{cmd} died of {signal_name(report.signal)} (exit status {report.status}) "
                 f"after the kernel's OOM killer killed a process in {', '.join(where)}.")
     else:
         head = (f"while {cmd} ran, the kernel's OOM killer killed a process in "

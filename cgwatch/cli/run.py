@@ -47,7 +47,7 @@ from ..files import read_file, under_root
 from ..monitor import Monitor
 from ..shm import ShmUsage, shm_usage
 from .coalesce import Coalescer, rises_suffix
-from .explain import KILL_COUNTERS, Report, explain, explain_shm, find_culprit
+from .explain import KILL_COUNTERS, Report, explain, explain_shm, find_culprit, signal_name
 from .format import format_item
 from .runlog import RunLog
 
@@ -188,8 +188,7 @@ def report_json(command: list[str], pid: Optional[int], returncode: int,
     return {
         "type": "run", "command": command, "pid": pid,
         "exit_status": exit_status(returncode),
-        "signal": signal.Signals(sig).name if sig in signal.valid_signals() and sig
-        else sig,
+        "signal": None if sig is None else signal_name(sig),
         "oom_kills": kills,
         "oom_kills_in": sorted({e.cgroup_path for e in report.kills}) if report else [],
         "killed_process": killed,
