@@ -45,6 +45,15 @@ def _sysinfo_free_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * _PAGE_SIZE
 
 
+_reported: set[str] = set()
+
+
+def _report_once(reason: str) -> None:
+    if reason not in _reported and len(_reported) < 100:  # bounded: a process runs for weeks
+        _reported.add(reason)
+        log.warning("cgwatch: %s", reason)
+
+
 def _sysinfo_total_bytes() -> int:
     return os.sysconf("SC_PHYS_PAGES") * _PAGE_SIZE
 
@@ -113,16 +122,17 @@ class HostMemory:
     def available(self) -> int:
         """Host MemAvailable in bytes (psutil's figure where there is no meminfo; free pages
         when neither can be read)."""
-        if self.fd >= 0:
-            return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
         try:
+            if self.fd >= 0:
+                return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
             if self.source == "meminfo":  # closed: read it anew each time
                 with open(self.path, "rb") as f:
                     return values.find_meminfo_value(f.read(), b"MemAvailable")
             if self.source == "psutil":
                 return int(_psutil_virtual_memory().available)
-        except OSError:
-            pass
+        except (OSError, ValueError) as e:
+            _report_once(f"{self.path} unreadable now ({e}); host MemAvailable taken as the "
+                         "free pages (never above it)")
         # Free pages alone: never above MemAvailable (which adds reclaimable cache to them).
         return _sysinfo_free_bytes()
 

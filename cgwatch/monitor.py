@@ -137,10 +137,14 @@ class Monitor:
             for bound, limit, usage_fd, stat_fd, key in order:
                 if bound is None:
                     usage = int(_pread(usage_fd, 64, 0))
+                    if usage < 0:  # int() takes "-1", which no kernel writes
+                        raise ValueError(f"negative usage {usage}")
                 elif best >= 0 and bound >= best:
                     break
                 else:
                     usage = limit - bound
+                    if usage < 0:
+                        raise ValueError(f"negative usage {usage}")
                 # Inlined values.find_stat_value (this loop is the hot path): `key` is
                 # b"\n<name> ", so a match is a whole key at a line start; int() rejects
                 # anything but a number. Not found (first line, or missing): the full parser

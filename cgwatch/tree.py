@@ -122,10 +122,12 @@ def build_levels(
         problem: Optional[str] = None
         try:
             limit = values.parse_limit(kept.read(fnames.limit), resolved.version)
-        except FileNotFoundError:
+        except FileNotFoundError as e:
             # v2: no memory.max where the memory controller is not enabled, and never at the
-            # root. Such a level has no limit and no usage of its own to read.
-            pass
+            # root. Such a level has no limit and no usage of its own to read. Every v1
+            # memory cgroup has memory.limit_in_bytes: its absence is a problem to say.
+            if resolved.version == 1:
+                problem = f"{fnames.limit} at {cgroup_path}: {e}"
         except (OSError, ValueError) as e:
             problem = f"{fnames.limit} at {cgroup_path}: {e}"
         if limit is not None:
@@ -184,8 +186,11 @@ def reread_limits(root: str, resolved: discovery.Resolved,
     for index, lvl in enumerate(visible):
         try:
             limit = values.parse_limit(lvl.read(fnames.limit), resolved.version)
-        except FileNotFoundError:
-            fresh.append(replace(lvl, limit=None, problem=None))  # v2: no controller here
+        except FileNotFoundError as e:
+            # v2: no controller here; v1: every memory cgroup has the file (say so)
+            problem = f"{fnames.limit} at {lvl.cgroup_path}: {e}" \
+                if resolved.version == 1 else None
+            fresh.append(replace(lvl, limit=None, problem=problem))
             continue
         except (OSError, ValueError) as e:
             if index == 0 and isinstance(e, OSError) and not os.path.isdir(lvl.directory):

@@ -167,10 +167,8 @@ def _expect(version: int, target: str, fault: str) -> Case:
             # v2: no memory.max means the controller is not enabled there: no limit (docs).
             return Case(version, target, fault, PARENT_LIMIT, PARENT_ROOM, ())
         if fault == "missing":
-            return Case(version, target, fault, PARENT_LIMIT, PARENT_ROOM, (what,),
-                        xfail="tree.build_levels reads a missing v1 memory.limit_in_bytes as "
-                        "'no limit' like v2's memory.max, with no reason (every v1 memory "
-                        "cgroup has the file)")
+            # Every v1 memory cgroup has memory.limit_in_bytes: missing is a reason.
+            return Case(version, target, fault, PARENT_LIMIT, PARENT_ROOM, (what,))
         return Case(version, target, fault, PARENT_LIMIT, PARENT_ROOM, (what,))
     if target in ("usage", "memory.stat"):
         if fault.startswith("value "):
@@ -179,9 +177,8 @@ def _expect(version: int, target: str, fault: str) -> Case:
                 # usage below inactive_file (10 MiB): a working set of 0, the whole limit
                 return Case(version, target, fault, LEAF_LIMIT, LEAF_LIMIT, ())
             if value == "-1":
-                return Case(version, target, fault, LEAF_LIMIT, 0, ("usage",),
-                            xfail="monitor.py's hot path reads usage with int(), which takes "
-                            "'-1' (and '+5', '1_0'): the whole limit answered, no reason")
+                # int() takes "-1"; no kernel writes it: the level counts 0, and says why.
+                return Case(version, target, fault, LEAF_LIMIT, 0, ("usage",))
             if value == "18446744073709551615":
                 return Case(version, target, fault, LEAF_LIMIT, 0, ())
             return Case(version, target, fault, LEAF_LIMIT, 0, ("usage",))

@@ -257,9 +257,6 @@ def test_queries_survive_any_one_file(host: FakeHost, target: str, raw: bytes) -
             f.write(good)
 
 
-@pytest.mark.xfail(strict=True, reason="Monitor.host_memory() raises ValueError when "
-                   "/proc/meminfo turns unparseable after start: HostMemory.available() reads "
-                   "its kept descriptor with no fallback (hostmem.py, monitor.py)")
 @pytest.mark.parametrize("raw", [b"", b"MemAvailable:", b"MemAvailable: \xd9\xa1 kB\n"])
 def test_host_memory_after_meminfo_turns_bad(host: FakeHost, raw: bytes) -> None:
     host.make_path({"/a": None, "/a/b": 4 * GiB, "/a/b/c": 2 * GiB})
