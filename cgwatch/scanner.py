@@ -102,6 +102,9 @@ class Scanner:
         self.generation = -1
         self.problems: dict[str, str] = {}  # mechanism -> why it is not in use
         self._last: dict[tuple[str, str], dict[str, int]] = {}
+        # memory.events.local per (directory, counter), as it was when that counter of
+        # memory.events was last seen (the pairing an Event's local_old comes from)
+        self._local_seen: dict[tuple[str, str], int] = {}
         # v2: per counter, rises of lower levels not yet seen at the level above, and since when
         self._carry: dict[str, tuple[list[int], float]] = {}
         self._oom_own: dict[str, int] = {}
@@ -149,10 +152,14 @@ class Scanner:
         self._forget(lvl.directory)
         for source, current in lvl.read().items():
             self._last[(lvl.directory, source)] = current
+            if source == names.EVENTS_LOCAL:
+                for counter, value in current.items():
+                    self._local_seen[(lvl.directory, counter)] = value
 
     def _forget(self, directory: str) -> None:
-        for key in [k for k in self._last if k[0] == directory]:
-            del self._last[key]
+        for table in (self._last, self._local_seen):
+            for key in [k for k in table if k[0] == directory]:
+                del table[key]
         self._oom_own.pop(directory, None)
         self._notes.pop(directory, None)
 
@@ -264,9 +271,6 @@ class Scanner:
             # must see all of the notifications one OOM raised, not only the one that woke us.
             self.drain_ooms()
         reads = [lvl.read() for lvl in self.levels]
-        # memory.events.local as the previous scan read it (before this scan's update).
-        local_before = [self._last.get((lvl.directory, names.EVENTS_LOCAL))
-                        for lvl in self.levels]
         rose: list[tuple[int, str, str, int, int]] = []
         if version == 1:
             # First, so an OOM reads in its order: the OOM, then the kill it led to.
@@ -289,6 +293,7 @@ class Scanner:
         # Levels that have memory.events (a baseline was read); not the v2 root.
         has_events = [(lvl.directory, names.EVENTS) in self._last for lvl in self.levels]
         propagated = self._propagation(rose, now, has_events) if version == 2 else {}
+        self._pair_local_values(reads, rose)
         usages: dict[int, Optional[int]] = {}
         found = []
         for index, source, counter, old, new in rose:
@@ -301,14 +306,36 @@ class Scanner:
             local = reads[index].get(names.EVENTS_LOCAL)
             if local is not None and counter in local:
                 local_new = local[counter]
-                before = local_before[index]
-                # No earlier read of the local file: it did not rise as far as we know.
-                local_old = before.get(counter, local_new) if before is not None else local_new
+                # No earlier local value: it did not rise as far as we know.
+                local_old = self._local_seen.get((lvl.directory, counter), local_new)
+                self._local_seen[(lvl.directory, counter)] = local_new
             flags = propagated.get(counter)
             found.append(Event(lvl.cgroup_path, lvl.directory, index, counter, old, new,
                                lvl.limit, usages[index], now, source, version, local_old,
                                local_new, bool(flags and flags[index])))
         return found
+
+    def _pair_local_values(self, reads: list[dict[str, dict[str, int]]],
+                           rose: list[tuple[int, str, str, int, int]]) -> None:
+        """Keep `_local_seen` (memory.events.local as it was when the same counter of
+        memory.events was last seen) true where memory.events did not rise this scan: a value
+        seen for the first time (a local file unreadable until now) and a reset (the cgroup
+        re-created) become the pairing value; a local rise alone does not, since the kernel
+        may show the local rise a scan before the hierarchical one (an event's local_old must
+        be from before it)."""
+        rising = {(index, counter) for index, source, counter, _, _ in rose
+                  if source == names.EVENTS}
+        for index, lvl in enumerate(self.levels):
+            local = reads[index].get(names.EVENTS_LOCAL)
+            if local is None:
+                continue
+            for counter, value in local.items():
+                if (index, counter) in rising:
+                    continue  # paired with this scan's event below
+                key = (lvl.directory, counter)
+                seen = self._local_seen.get(key)
+                if seen is None or value < seen:
+                    self._local_seen[key] = value
 
     def _propagation(self, rose: list[tuple[int, str, str, int, int]], now: float,
                      has_events: list[bool]) -> dict[str, list[bool]]:

@@ -264,6 +264,14 @@ ROWS = [
         S(0.1, (C, "oom_kill", 0, 1, F, 0, 1), write={C: [ev(oom_kill=1), loc(oom_kill=1)]}),
         initial={C: [ev(oom_kill=5), loc(oom_kill=5)]},
         id="v2-local-after-a-reset"),
+    row(2, LEAF,
+        # the local file rises a scan before memory.events (the kernel writes them apart, and
+        # `cgwatch run`'s explanation reads local_old..local_new as this level's own share)
+        S(0.0, write={C: [loc(oom=1, max=9)]}),
+        S(0.1, (C, "max", 0, 9, F, 0, 9), (C, "oom", 0, 1, F, 0, 1),
+          write={C: [ev(oom=1, max=9)]}),
+        initial={C: [ev(), loc()]},
+        id="v2-local-rise-seen-a-scan-before-the-hierarchical-one"),
     # ---- v2 levels that come and go --------------------------------------------------------
     row(2, ((B, None), (A, GiB)),
         # /a/b/c joins the path with oom_kill 2 already: a baseline, no event
