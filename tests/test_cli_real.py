@@ -136,3 +136,37 @@ def test_run_only_lowers_its_own_oom_score_adj(start: int, wait: float, expected
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == expected
     assert proc.stderr == ""
+
+
+def test_watch_warns_when_dev_shm_fills() -> None:
+    """`cgwatch watch --shm-above 50` on a 16 MiB /dev/shm: shown at start (smaller than the
+    available memory), a WARNING once 12 MiB are written, INFO once they are removed."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare (util-linux)")
+    script = ('mount -t tmpfs -o size=16m cgwatch-test-shm /dev/shm || exit 99; '
+              f'exec {sys.executable} -m cgwatch watch --interval 0.05 --shm-above 50')
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=PROJECT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None
+        start = [proc.stdout.readline() for _ in range(4)]
+        if not start[0]:
+            assert proc.stderr is not None
+            pytest.skip(f"no private mount namespace here: {proc.stderr.read().strip()}")
+        assert "  /dev/shm 16.0 MiB (smaller than available), 0% used\n" in start
+        shm = f"/proc/{proc.pid}/root/dev/shm/batch"  # the namespace's /dev/shm, from outside
+        with open(shm, "wb") as f:
+            f.write(b"\1" * (12 << 20))
+        warning = proc.stdout.readline()
+        assert "WARNING /dev/shm is 75% full (12.0 MiB of 16.0 MiB), above 50%" in warning
+        assert "docker run --shm-size" in warning
+        os.unlink(shm)
+        assert "INFO    /dev/shm is back to 0% full" in proc.stdout.readline()
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
