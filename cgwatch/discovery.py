@@ -211,12 +211,31 @@ def covered_mounts(text: str, mounts: list[Mount]) -> list[Mount]:
     return covered
 
 
+def _leading_dotdots(path: str) -> list[str]:
+    parts = path.split("/")[1:]
+    count = 0
+    while count < len(parts) and parts[count] == "..":
+        count += 1
+    return parts[:count]
+
+
+def _contains(root: str, cgroup_path: str) -> bool:
+    """path_contains for a mount root and a cgroup path that the kernel may both print relative
+    to our cgroup namespace's root ("/../.." and "/../../x": the host's cgroupfs bind-mounted
+    into a container with a private cgroup namespace). Both texts are relative to the same
+    root, so the directory is exact, but only when the root climbs exactly as far as the path
+    does: "/" does not contain "/../..x" here, whatever the string prefix says."""
+    if _leading_dotdots(root) != _leading_dotdots(cgroup_path):
+        return False
+    return path_contains(root, cgroup_path)
+
+
 def _candidates(mounts: list[Mount], cgroup_path: str) -> list[Mount]:
     """The mounts whose root contains the path, best first: the shortest root (it shows the
     most ancestors, so the walk up sees every limit it can; a delegated subtree mounted
     elsewhere, possibly listed first, loses to the full mount), then one under /sys/fs/cgroup
     (where runtimes and systemd put it; the JDK prefers it too), then mountinfo order."""
-    containing = [m for m in mounts if path_contains(m.root, cgroup_path)]
+    containing = [m for m in mounts if _contains(m.root, cgroup_path)]
     return sorted(containing, key=lambda m: (len(m.root.rstrip("/")),
                                              not path_contains("/sys/fs/cgroup", m.mount_point)))
 
@@ -241,9 +260,12 @@ def _path_problem(path: str, version: int) -> Optional[str]:
     if _has_control(path):
         # Not kernel output (a cgroup name cannot hold NUL); open() would refuse it.
         return f"cgroup path {path!r} has a control character"
-    if ".." in path.split("/"):
-        # A '..' component appears when the process's cgroup is outside this cgroup
-        # namespace's root (the kernel prints the path relative to that root).
+    parts = path.split("/")[1:]
+    leading = len(_leading_dotdots(path))
+    if ".." in parts[leading:]:
+        # Only leading '..' components are kernel output: the process's cgroup is outside
+        # this cgroup namespace's root, and the kernel prints the path relative to that root
+        # (a mount whose root is printed the same way can still show it: see _candidates).
         return f"cgroup path {path!r} is outside the visible hierarchy"
     if version == 2 and path.endswith(" (deleted)"):
         # Only v2 appends " (deleted)" to the whole path of a removed cgroup
@@ -257,6 +279,9 @@ def _path_problem(path: str, version: int) -> Optional[str]:
 def _no_mount(mounts: list[Mount], cgroup_path: str, kind: str) -> str:
     """Why no mount was chosen: none contains the path, or no copy's directory exists."""
     candidates = _candidates(mounts, cgroup_path)
+    if not candidates and _leading_dotdots(cgroup_path):
+        return (f"cgroup path {cgroup_path!r} is outside the visible hierarchy (no mount "
+                "root climbs as far)")
     if not candidates:
         return f"no {kind} mount contains {cgroup_path!r}"
     return (f"cgroup directory {join_under_mount(candidates[0], cgroup_path)} does not exist"

@@ -72,3 +72,29 @@ def test_covered_mounts_are_the_earlier_ones() -> None:
                                                              "/sys/fs/cgroup/memory")
     mounts = discovery.parse_mountinfo(text)
     assert [m.root for m in discovery.covered_mounts(text, mounts)] == ["/"]
+
+
+V2_NS_BIND = ("22 1 8:2 / / rw - ext4 /dev/sda2 rw\n"
+              "40 22 0:30 /../.. /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw\n")
+
+
+@pytest.mark.parametrize("proc_cgroup, mountinfo, expected", [
+    # The host's cgroupfs bind-mounted into a container with a private cgroup namespace: the
+    # path and the mount root are both printed relative to the namespace root.
+    pytest.param("0::/../../x\n", V2_NS_BIND, "/sys/fs/cgroup/x", id="both-relative-exact"),
+    pytest.param("0::/../..\n", V2_NS_BIND, "/sys/fs/cgroup", id="the-mount-root-itself"),
+    # "/../..x" is a cgroup named "..x" under "/..": the root "/../.." does not contain it.
+    pytest.param("0::/../..x\n", V2_NS_BIND, None, id="dotdot-x-is-a-name"),
+    # A root that does not climb as far is the wrong mount, whatever the string prefix.
+    pytest.param("0::/../../x\n", V2_NS_BIND.replace("/../..", "/"), None,
+                 id="root-slash-does-not-contain-dotdot"),
+    pytest.param("0::/../a/../x\n", V2_NS_BIND, None, id="dotdot-after-a-name-refused"),
+])
+def test_namespace_relative_paths(proc_cgroup: str, mountinfo: str,
+                                  expected: Optional[str]) -> None:
+    got = discovery.resolve(proc_cgroup, mountinfo, lambda _: True)
+    if expected is None:
+        assert isinstance(got, Unresolved), got
+    else:
+        assert isinstance(got, Resolved), got
+        assert got.directory == expected
