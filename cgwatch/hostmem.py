@@ -126,15 +126,17 @@ class HostMemory:
             if self.fd >= 0:
                 return values.find_meminfo_value(read_fd(self.fd), b"MemAvailable")
             if self.source == "meminfo":  # closed: read it anew each time
-                with open(self.path, "rb") as f:
-                    return values.find_meminfo_value(f.read(), b"MemAvailable")
+                # Bounded and non-blocking (files.read_file): a FIFO must not hang a query
+                return values.find_meminfo_value(read_file(self.path).encode(),
+                                                 b"MemAvailable")
             if self.source == "psutil":
                 return int(_psutil_virtual_memory().available)
         except (OSError, ValueError) as e:
             _report_once(f"{self.path} unreadable now ({e}); host MemAvailable taken as the "
                          "free pages (never above it)")
         # Free pages alone: never above MemAvailable (which adds reclaimable cache to them).
-        return _sysinfo_free_bytes()
+        return min(_sysinfo_free_bytes(), self.total) if self.total > 0 else \
+            _sysinfo_free_bytes()
 
     def available_lower_bound(self) -> int:
         """A value certainly <= MemAvailable right now, or -1 when none is known.

@@ -169,6 +169,10 @@ class Monitor:
                 host = snap.host.available()
                 if best < 0 or host < best:
                     best = host
+            if best > snap.total:
+                # Only when MemTotal is below a level's headroom (garbage in meminfo, or a
+                # fake tree): never above total_memory(), whatever the inputs.
+                best = snap.total
             return best if best > 0 else 0
         except Exception as e:  # noqa: BLE001 - a query must answer, whatever went wrong
             return self._available_after_error(snap, e)
@@ -177,7 +181,10 @@ class Monitor:
     def status(self) -> Status:
         tracker = self._tracker
         snap = self._current()
-        return replace(snap.status, confirmed_at=tracker.confirmed_at,
+        reason = snap.status.reason
+        if tracker.read_problem:
+            reason = "; ".join(r for r in (reason, tracker.read_problem) if r)
+        return replace(snap.status, reason=reason, confirmed_at=tracker.confirmed_at,
                        thread=tracker.served())
 
     def levels(self) -> list[LevelInfo]:
@@ -260,6 +267,7 @@ class Monitor:
         tracker.report(f"reading usage failed ({error!r}); re-resolving")
         try:
             tracker.resolve_again(f"read error: {error!r}")
+            tracker.read_problem = f"reading usage failed: {error}"
             return uncached_available(tracker.snap)
         except Exception as e2:  # noqa: BLE001
             tracker.report(f"fallback read failed too ({e2!r}); answering min(host "

@@ -35,6 +35,7 @@ from .watching import LevelWatch, level_removed, watch_targets
 log = logging.getLogger("cgwatch")
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
+REPORTED_MAX = 100  # distinct problems logged per monitor
 RETRY_INTERVAL = 1.0  # seconds between retries of what failed (inotify, the thread, a resolve)
 
 
@@ -55,6 +56,9 @@ class Tracker:
         self.due = 0.0  # when a query must call refresh() even if nothing is pending
         self.closed = False
         self.confirmed_at: Optional[float] = None
+        # The last read the hot path could not use (shown in status until the next
+        # re-resolve): such problems are found by queries, not while building a snapshot.
+        self.read_problem = ""
         self._forked = False  # set in a fork child until its first query re-arms
         self._reported: set[str] = set()
         self._proc = ProcCgroup(root, pid)
@@ -102,10 +106,17 @@ class Tracker:
         return self.snap
 
     def report(self, reason: str) -> None:
-        """Log a fallback or problem once per distinct reason."""
-        if reason and reason not in self._reported:
-            self._reported.add(reason)
-            log.warning("cgwatch: %s", reason)
+        """Log a fallback or problem once per distinct reason; at most REPORTED_MAX reasons
+        per monitor (a file whose bad content keeps changing makes a new reason each time,
+        and a process runs for weeks), then one line saying that the rest are not logged."""
+        if not reason or reason in self._reported or len(self._reported) > REPORTED_MAX:
+            return
+        self._reported.add(reason)
+        if len(self._reported) > REPORTED_MAX:
+            log.warning("cgwatch: more than %d distinct problems; not logging further ones "
+                        "(status.reason still shows the current one)", REPORTED_MAX)
+            return
+        log.warning("cgwatch: %s", reason)
 
     def served(self) -> bool:
         """Whether the loop thread serves this monitor right now."""
@@ -254,6 +265,7 @@ class Tracker:
         """Resolve everything again (the process moved, a cgroup vanished, a fork)."""
         with self.lock:
             log.debug("cgwatch: re-resolving (%s)", why)
+            self.read_problem = ""
             for _ in range(_RESOLVE_ATTEMPTS):
                 self.snap = self._build(self.snap)
                 if self._watch_and_verify():
