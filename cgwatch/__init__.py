@@ -29,10 +29,11 @@ if TYPE_CHECKING:
     from .alerts import HeadroomAlert, Threshold
     from .event import Event
     from .events import Events
+    from .shm import ShmUsage, shm_usage
 
 # The events layer loads on first use, so `import cgwatch` stays as cheap as the queries.
 _LAZY = {"Event": "event", "Events": "events", "HeadroomAlert": "alerts",
-         "Threshold": "alerts"}
+         "Threshold": "alerts", "shm_usage": "shm", "ShmUsage": "shm"}
 
 __all__ = [
     "HOST",
@@ -46,11 +47,13 @@ __all__ = [
     "LevelInfo",
     "Monitor",
     "Status",
+    "ShmUsage",
     "Subscription",
     "Threshold",
     "available_memory",
     "default_monitor",
     "set_default_monitor",
+    "shm_usage",
     "total_memory",
 ]
 __version__ = "0.1.0"
