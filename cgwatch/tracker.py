@@ -322,22 +322,9 @@ class Tracker:
             return  # cannot tell now (no descriptor left?): try again next time
         if moved:
             self.resolve_again("the process moved to another cgroup")
-        elif self._hidden_limit_changed():
+        elif self.snap.status.version == 1 and tree.hidden_limit_moved(self.snap.levels):
             self._refresh_limits()
         self.confirmed_at = now
-
-    def _hidden_limit_changed(self) -> bool:
-        """v1: no inotify event reaches a limit above the visible top (tree.hidden_v1_limit);
-        it is re-read with each confirmation instead (one memory.stat read)."""
-        lvls = self.snap.levels
-        if self.snap.status.version != 1 or not lvls:
-            return False
-        top = lvls[-2] if lvls[-1].hidden and len(lvls) > 1 else lvls[-1]
-        if top.kept is None:
-            return False
-        now = tree.hidden_v1_limit(top)
-        was = lvls[-1].limit if lvls[-1].hidden else None
-        return (now.limit if now is not None else None) != was
 
     def _needs_retry(self) -> bool:
         if self.closed:

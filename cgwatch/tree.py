@@ -265,3 +265,17 @@ class ProcCgroup:
         """Close (drop) the kept descriptor: after close(), and in a fork child, where a
         /proc/self descriptor opened before the fork describes the parent."""
         self._kept = None
+
+
+def hidden_limit_moved(levels: tuple[Level, ...]) -> bool:
+    """v1: whether the limit above the visible top changed (appeared, went, or moved). No
+    inotify event reaches it, so the tracker asks with each confirmation (one memory.stat
+    read, none at a hierarchy's real root)."""
+    if not levels:
+        return False
+    hidden = levels[-1] if levels[-1].hidden else None
+    top = levels[-2] if hidden is not None and len(levels) > 1 else levels[-1]
+    if top.kept is None:
+        return False
+    now = hidden_v1_limit(top)
+    return (now.limit if now is not None else None) != (hidden.limit if hidden else None)
