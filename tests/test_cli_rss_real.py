@@ -1,0 +1,84 @@
+"""Real kernel (v1 here, v2 in the VM): `cgwatch run`'s memory stays flat around a job that
+lives at its limit. The job rewrites a file larger than its cgroup's limit, so the limit is
+hit all the time (page cache reclaimed: v1 failcnt, v2 `max` rise many times a second) and
+nothing is killed; `cgwatch run` once kept every such event (~300 B each, 1.3 GB a day).
+The figures over a long run: bench/cli_run_rss.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, read, writable_reason
+
+REASON = writable_reason()
+pytestmark = [pytest.mark.realkernel,
+              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+
+# The watcher polls its counters every millisecond here, so 16 s stand for a long run.
+DRIVER = """
+import sys
+sys.path.insert(0, {project!r})
+import cgwatch.events as events
+original = events.Events.__init__
+def forced(self, *args, **kw):
+    kw["poll_interval"] = 0.001
+    original(self, *args, **kw)
+events.Events.__init__ = forced
+from cgwatch.cli import main
+sys.exit(main(["run", "--", "timeout", "{seconds}", "sh", "-c",
+               "while :; do dd if=/dev/zero of={scratch} bs=1M count=96 status=none; done"]))
+"""
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def limit_hits(job: str, version: int) -> int:
+    if version == 1:
+        return int(read(os.path.join(job, "memory.failcnt")))
+    return int(read(os.path.join(job, "memory.events")).split("max ", 1)[1].split()[0])
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    with cgroup_tree() as t:
+        yield t
+
+
+def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> None:
+    # A disk-backed file system: page cache that can be reclaimed (in the VM / is a tmpfs
+    # overlay, whose pages could not be, and the job would be killed instead).
+    base = os.environ.get("VM_SCRATCH") or "/var/tmp"
+    scratch = os.path.join(base, f"cgwatch-rss-{os.getpid()}")
+    job = tree.make("job", limit=32 * MiB)
+    proc = tree.spawn(job, DRIVER.format(project=PROJECT, seconds=22, scratch=scratch),
+                      stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # past start-up (imports, the baseline)
+        before, hits_before = rss_kib(proc.pid), limit_hits(job, tree.version)
+        time.sleep(16)
+        after, hits_after = rss_kib(proc.pid), limit_hits(job, tree.version)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+    print(f"RSS {before} -> {after} KiB; limit hits {hits_before} -> {hits_after}",
+          file=sys.stderr)
+    assert hits_after - hits_before > 100  # the job really lived at its limit
+    assert proc.returncode == 124  # timeout's status: the job ran its time, nothing killed it
+    # Flat: keeping every event grew it ~230 KiB in these 16 s (~800 KiB a minute, measured
+    # with bench/cli_run_rss.py before the fix); the summary it keeps now, a few KiB.
+    assert after - before < 128, (before, after, hits_after - hits_before)
