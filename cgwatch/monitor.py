@@ -150,7 +150,9 @@ class Monitor:
                 # anything but a number. Not found (first line, or missing): the full parser
                 # decides, and raises if it is really missing.
                 data = _pread(stat_fd, READ_SIZE, 0)
-                start = data.find(key)
+                # From the end: the key is unique, and v1's total_inactive_file sits near the
+                # end of a ~1.5 KiB file (85 ns against 270 ns from the start, on 6.18).
+                start = data.rfind(key)
                 if start < 0:
                     inactive = values.find_stat_value(data, key[1:-1])
                 else:
