@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
+import pytest
+
 from cgwatch import discovery, tree
 
 MiB = 1 << 20
@@ -48,6 +50,15 @@ def writable_reason() -> str:
     except OSError as e:
         return f"cannot create a cgroup under {res.directory}: {e}"
     return ""
+
+
+def real_kernel_marks() -> list[pytest.MarkDecorator]:
+    """The marks of a real-kernel test module: `realkernel`, and a skip (with the reason)
+    where real cgroups cannot be made here (conftest.py turns that skip into a failure when
+    CGWATCH_REQUIRE_REAL=1)."""
+    reason = writable_reason()
+    return [pytest.mark.realkernel,
+            pytest.mark.skipif(bool(reason), reason=f"real cgroups not writable: {reason}")]
 
 
 def limit_file(version: int) -> str:

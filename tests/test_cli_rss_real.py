@@ -14,34 +14,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, read, writable_reason
+from bench.cli_run_rss import DRIVER, rss_kib
+from tests.cgroup_helpers import (
+    PROJECT,
+    MiB,
+    Tree,
+    cgroup_tree,
+    read,
+    real_kernel_marks,
+)
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
-# The watcher polls its counters every millisecond here, so 16 s stand for a long run.
-DRIVER = """
-import sys
-sys.path.insert(0, {project!r})
-import cgwatch.events as events
-original = events.Events.__init__
-def forced(self, *args, **kw):
-    kw["poll_interval"] = 0.001
-    original(self, *args, **kw)
-events.Events.__init__ = forced
-from cgwatch.cli import main
-sys.exit(main(["run", "--", "timeout", "{seconds}", "sh", "-c",
-               "while :; do dd if=/dev/zero of={scratch} bs=1M count=96 status=none; done"]))
-"""
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+# The watcher polls its counters every millisecond (the bench's driver), so 16 s stand for a
+# long run.
+POLL = 0.001
 
 
 def limit_hits(job: str, version: int) -> int:
@@ -61,9 +48,9 @@ def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> Non
     # overlay, whose pages could not be, and the job would be killed instead).
     base = os.environ.get("VM_SCRATCH") or "/var/tmp"
     scratch = os.path.join(base, f"cgwatch-rss-{os.getpid()}")
-    job = tree.make("job", limit=32 * MiB)
-    proc = tree.spawn(job, DRIVER.format(project=PROJECT, seconds=22, scratch=scratch),
-                      stdout=subprocess.DEVNULL)
+    job = tree.make("job", limit=48 * MiB)  # the driver's job rewrites a 128 MiB file
+    proc = tree.spawn(job, DRIVER.format(tree=PROJECT, poll=POLL, seconds=22,
+                                         scratch=scratch), stdout=subprocess.DEVNULL)
     try:
         time.sleep(3)  # past start-up (imports, the baseline)
         before, hits_before = rss_kib(proc.pid), limit_hits(job, tree.version)

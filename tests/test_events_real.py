@@ -34,12 +34,10 @@ from tests.cgroup_helpers import (
     oom_kills,
     oom_victim_cgroup,
     own_memory_cgroup,
-    writable_reason,
+    real_kernel_marks,
 )
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
 # Allocates (and touches: bytearray zero-fills) up to 256 MiB, 1 MiB at a time.
 ALLOC = "b = []\nfor _ in range(256):\n    b.append(bytearray(1 << 20))\n"

@@ -18,11 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cgroup_helpers import MiB, Probe, Tree, cgroup_tree, writable_reason
+from tests.cgroup_helpers import MiB, Probe, Tree, cgroup_tree, real_kernel_marks
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
 MODES = [pytest.param({}, id="thread"), pytest.param({"CGWATCH_THREAD": "0"}, id="thread-free")]
 

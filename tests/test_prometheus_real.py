@@ -35,13 +35,11 @@ from tests.cgroup_helpers import (
     oom_kills,
     oom_victim_cgroup,
     own_memory_cgroup,
-    writable_reason,
+    real_kernel_marks,
 )
 from tests.prometheus.loopback import ensure_up_in_vm
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
 RULES = os.path.join(PROJECT, "deploy", "prometheus", "cgwatch-rules.yml")
 LIMIT = 200 * MiB

@@ -13,11 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Probe, Tree, cgroup_tree, writable_reason
+from tests.cgroup_helpers import (
+    PROJECT,
+    MiB,
+    Probe,
+    Tree,
+    cgroup_tree,
+    real_kernel_marks,
+)
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:

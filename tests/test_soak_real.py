@@ -26,13 +26,11 @@ from tests.cgroup_helpers import (
     Tree,
     cgroup_tree,
     limit_file,
-    writable_reason,
+    real_kernel_marks,
     write,
 )
 
-REASON = writable_reason()
-pytestmark = [pytest.mark.realkernel,
-              pytest.mark.skipif(bool(REASON), reason=f"real cgroups not writable: {REASON}")]
+pytestmark = real_kernel_marks()
 
 SOAK_SECONDS = 15.0
 LIMITS = [n * MiB for n in range(300, 701, 25)]  # far above the child's ~30 MiB
