@@ -34,6 +34,17 @@ def fds():
 def threads():
     return sum(t.name == "cgwatch" for t in threading.enumerate())
 
+def hog_descriptors():
+    # Take every descriptor left (the limit lowered to 64 first): the caller closes them.
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    hog = []
+    try:
+        while True:
+            hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        return hog
+
 def settle(cond, timeout=3.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not cond():
@@ -150,14 +161,7 @@ def test_thread_free_monitor_runs_no_thread_and_stays_exact(host: FakeHost) -> N
 def test_queries_with_no_descriptor_left_answer_and_recover(host: FakeHost) -> None:
     tree(host)
     got = run_py(f"""
-        import resource
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        hog = []
-        try:
-            while True:
-                hog.append(os.open("/dev/null", os.O_RDONLY))
-        except OSError:
-            pass
+        hog = hog_descriptors()
         # No descriptor left when the monitor is made.
         m = Monitor({host.root!r})
         starved = [m.total_memory(), m.available_memory(), m.status.mode]
@@ -212,13 +216,7 @@ def test_fork_child_with_no_descriptor_left_answers_and_recovers(host: FakeHost)
         if pid == 0:
             try:
                 os.close(r)
-                resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-                hog = []
-                try:
-                    while True:
-                        hog.append(os.open("/dev/null", os.O_RDONLY))
-                except OSError:
-                    pass
+                hog = hog_descriptors()
                 starved = [m.total_memory(), m.available_memory()]
                 for fd in hog:
                     os.close(fd)
