@@ -24,12 +24,14 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
     return {
         "total_memory": monitor.total_memory(),
         "available_memory": available,
+        "throttle_headroom": monitor.throttle_headroom(),
         "dev_shm": None if shm is None else {**shm.as_dict(),
                                              "limits": shm_limits(shm, available)},
         "host": {"mem_total": host_total, "mem_available": host_available,
                  "source": status.host_source},
         "status": {"mode": status.mode, "reason": status.reason, "version": status.version,
-                   "cgroup_path": status.cgroup_path, "directory": status.directory},
+                   "cgroup_path": status.cgroup_path, "directory": status.directory,
+                   "above": status.above},
         "levels": [lvl.as_dict() for lvl in monitor.levels()],
     }
 
@@ -44,16 +46,33 @@ def format_table(data: dict[str, Any]) -> str:
                      f"({status['directory']})  mode: {status['mode']}")
         if status["reason"]:
             lines.append(f"note: {status['reason']}")
-    header = ("", "cgroup", "limit", "usage", "inactive_file", "headroom")
+        if status.get("above"):
+            lines.append(f"note: {status['above']}")
+    levels = data["levels"]
+    # memory.high and swap only where some level has them (v2 memory.high; swap accounting)
+    extra = [(key, title) for key, title in (("high", "high"), ("swap_limit", "swap limit"),
+                                             ("swap_usage", "swap used"))
+             if any(lvl.get(key) is not None for lvl in levels)]
+    header = ("", "cgroup", "limit", "usage", "inactive_file", "headroom",
+              *(title for _, title in extra))
     rows = [header]
-    for lvl in data["levels"]:
+    for lvl in levels:
         mark = ("T" if lvl["binds_total"] else " ") + ("A" if lvl["binds_available"] else " ")
         rows.append((mark, lvl["cgroup_path"], human_bytes(lvl["limit"]),
                      human_bytes(lvl["usage"]), human_bytes(lvl["inactive_file"]),
-                     human_bytes(lvl["headroom"])))
+                     human_bytes(lvl["headroom"]),
+                     *(human_bytes(lvl.get(key)) for key, _ in extra)))
     host = data["host"]
-    rows.append(("", "host", human_bytes(host["mem_total"]), "", "",
-                 human_bytes(host["mem_available"])))
+    # The marks follow the answers: the host row when the host's figure is the answer and no
+    # level was marked (MemAvailable is read again for the table: within 1% is the same).
+    host_total = not any(lvl["binds_total"] for lvl in levels) \
+        and data["total_memory"] == host["mem_total"]
+    host_available = not any(lvl["binds_available"] for lvl in levels) \
+        and abs(data["available_memory"] - host["mem_available"]) \
+        <= max(1 << 20, host["mem_available"] // 100)
+    host_mark = ("T" if host_total else " ") + ("A" if host_available else " ")
+    rows.append((host_mark.rstrip(), "host", human_bytes(host["mem_total"]), "", "",
+                 human_bytes(host["mem_available"]), *("" for _ in extra)))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(header))]
     for r in rows:
         lines.append("  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
@@ -65,6 +84,10 @@ def format_table(data: dict[str, Any]) -> str:
                  f"({data['total_memory']} bytes)")
     lines.append(f"available_memory: {human_bytes(data['available_memory'])} "
                  f"({data['available_memory']} bytes)")
+    if data.get("throttle_headroom") is not None:
+        lines.append(f"before throttling: {human_bytes(data['throttle_headroom'])} "
+                     f"({data['throttle_headroom']} bytes; above memory.high the job is slowed, "
+                     "not killed)")
     shm = data.get("dev_shm")
     if shm and shm["limits"]:
         lines.append(f"/dev/shm:         {human_bytes(shm['size'])} ({shm['size']} bytes), "
