@@ -49,8 +49,10 @@ ALLOC = "b = []\nfor _ in range(256):\n    b.append(bytearray(1 << 20))\n"
 # the OOM killer picks the victim beside it, not the exporter (as `cgwatch run` does).
 SERVE = """
 import sys
-try:
-    open("/proc/self/oom_score_adj", "w").write("-500")
+try:  # closed inside the try: the write's error surfaces at close (EACCES without
+    # CAP_SYS_RESOURCE), and Python 3.13 reports an unclosed one on stderr
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-500")
 except OSError:
     pass
 from cgwatch.cli import main
@@ -174,8 +176,13 @@ def cgroup_label(directory: str) -> str:
 def start_serve(tree: Tree, cgroup: str) -> tuple[subprocess.Popen[str], str]:
     proc = tree.spawn(cgroup, SERVE)
     assert proc.stderr is not None
-    line = proc.stderr.readline()
-    assert line.startswith("cgwatch serve: http://127.0.0.1:"), line + proc.stderr.read()
+    seen = []
+    for _ in range(20):  # its first line; never read() a server that runs until killed
+        line = proc.stderr.readline()
+        if not line or line.startswith("cgwatch serve: http://127.0.0.1:"):
+            break
+        seen.append(line)
+    assert line.startswith("cgwatch serve: http://127.0.0.1:"), "".join(seen) + line
     return proc, line.split()[2]
 
 
