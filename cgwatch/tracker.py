@@ -315,7 +315,7 @@ class Tracker:
             self.snap = self._publishable(res, lvls, snap.host)
 
     def _confirm(self, now: float) -> None:
-        """Is the process still in the cgroup it was resolved in? (3-4 us: one pread.)"""
+        """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here)"""
         self._next_confirm = now + self.confirm_interval
         moved = self._proc.moved()
         if moved is None:

@@ -236,7 +236,7 @@ def changed_limits(levels: tuple[Level, ...], changed: list[tuple[int, str]],
 
 class ProcCgroup:
     """/proc/self/cgroup as it was when the levels were resolved, and a kept descriptor to
-    read it again cheaply (one pread, ~3.6 us): nothing notifies a move to another cgroup."""
+    read it again cheaply (one pread, ~1.2 us here): nothing notifies a move to another cgroup."""
 
     def __init__(self, root: str, pid: Optional[int] = None) -> None:
         self.path = under_root(root, names.proc_file("cgroup", pid))
