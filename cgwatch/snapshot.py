@@ -129,19 +129,14 @@ def _above(res: discovery.Resolved, levels: tuple[Level, ...]) -> str:
         return (f"a limit of {human_bytes(hidden[0].limit)} above {visible[-1].cgroup_path} "
                 "(v1 hierarchical_memory_limit): its usage cannot be seen, so "
                 "available_memory() is an upper bound there")
-    if res.version == 2 and visible and _exists(visible[-1], FileNames.for_version(2).limit):
-        # The real v2 root has no memory.max; a top level that has one is a namespace root
-        # or a subtree mount, and no file shows the limits above it (checked on 6.1).
-        return f"limits above {visible[-1].cgroup_path} cannot be seen from here"
+    top = visible[-1] if visible else None
+    if res.version == 2 and top is not None and top.kept is not None \
+            and top.kept.has(FileNames.for_version(2).limit):
+        # The real v2 root has no memory.max; a top level that has one (its descriptor was
+        # opened when its limit was read) is a namespace root or a subtree mount, and no
+        # file shows the limits above it (checked on 6.1).
+        return f"limits above {top.cgroup_path} cannot be seen from here"
     return ""
-
-
-def _exists(lvl: Level, name: str) -> bool:
-    try:
-        lvl.read(name)
-        return True
-    except OSError:
-        return False
 
 
 def host_only(res: discovery.Unresolved, host: HostMemory, generation: int) -> Snapshot:

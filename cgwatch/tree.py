@@ -118,30 +118,42 @@ def build_levels(
         if index > 0 and resolved.version == 1 and not _v1_parent_accounts_children(directory):
             break
         kept = kept_dir(directory)
-        limit: Optional[int] = None
-        problem: Optional[str] = None
-        try:
-            limit = values.parse_limit(kept.read(fnames.limit), resolved.version)
-        except FileNotFoundError as e:
-            # v2: no memory.max where the memory controller is not enabled, and never at the
-            # root. Such a level has no limit and no usage of its own to read. Every v1
-            # memory cgroup has memory.limit_in_bytes: its absence is a problem to say.
-            if resolved.version == 1:
-                problem = f"{fnames.limit} at {cgroup_path}: {e}"
-        except (OSError, ValueError) as e:
-            problem = f"{fnames.limit} at {cgroup_path}: {e}"
+        limit, problem, _ = _read_limit(kept, fnames, cgroup_path)
         if limit is not None:
-            try:
-                kept.fd(fnames.usage)
-                kept.fd(names.STAT)
-            except OSError as e:
-                problem = f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
+            problem = _open_usage(kept, fnames, cgroup_path)
         levels.append(Level(cgroup_path, directory, limit, problem, kept))
     if resolved.version == 1 and levels:
         hidden = hidden_v1_limit(levels[-1])
         if hidden is not None:
             levels.append(hidden)
     return tuple(levels)
+
+
+def _read_limit(kept: KeptDir, fnames: FileNames,
+                cgroup_path: str) -> tuple[Optional[int], Optional[str], bool]:
+    """(limit, problem, read): the level's hard limit through its kept descriptor. `read` is
+    False when the file could not be read or parsed now (the caller may keep what it knew).
+    v2 has no memory.max where the memory controller is not enabled, and never at the root:
+    no limit there. Every v1 memory cgroup has memory.limit_in_bytes: its absence is a problem
+    to say."""
+    try:
+        return values.parse_limit(kept.read(fnames.limit), fnames.version), None, True
+    except FileNotFoundError as e:
+        return None, (f"{fnames.limit} at {cgroup_path}: {e}" if fnames.version == 1
+                      else None), True
+    except (OSError, ValueError) as e:
+        return None, f"{fnames.limit} at {cgroup_path}: {e}", False
+
+
+def _open_usage(kept: KeptDir, fnames: FileNames, cgroup_path: str) -> Optional[str]:
+    """Open a limited level's usage and memory.stat descriptors (the hot path preads them);
+    why not, if they cannot be."""
+    try:
+        kept.fd(fnames.usage)
+        kept.fd(names.STAT)
+    except OSError as e:
+        return f"cannot open usage files at {cgroup_path}: {e.strerror or e}"
+    return None
 
 
 HIERARCHICAL_LIMIT = b"hierarchical_memory_limit"
@@ -184,26 +196,15 @@ def reread_limits(root: str, resolved: discovery.Resolved,
     fnames = FileNames.for_version(resolved.version)
     fresh = []
     for index, lvl in enumerate(visible):
-        try:
-            limit = values.parse_limit(lvl.read(fnames.limit), resolved.version)
-        except FileNotFoundError as e:
-            # v2: no controller here; v1: every memory cgroup has the file (say so)
-            problem = f"{fnames.limit} at {lvl.cgroup_path}: {e}" \
-                if resolved.version == 1 else None
-            fresh.append(replace(lvl, limit=None, problem=problem))
-            continue
-        except (OSError, ValueError) as e:
-            if index == 0 and isinstance(e, OSError) and not os.path.isdir(lvl.directory):
+        kept = lvl.kept if lvl.kept is not None else kept_dir(lvl.directory)
+        limit, problem, read = _read_limit(kept, fnames, lvl.cgroup_path)
+        if not read:
+            if index == 0 and not os.path.isdir(lvl.directory):
                 return None  # our own directory was removed (ENODEV on its descriptors)
-            fresh.append(replace(lvl, problem=f"{fnames.limit} at {lvl.cgroup_path}: {e}"))
+            fresh.append(replace(lvl, problem=problem))  # the last good limit stays
             continue
-        problem = None
         if limit is not None and lvl.kept is not None:
-            try:
-                lvl.kept.fd(fnames.usage)
-                lvl.kept.fd(names.STAT)
-            except OSError as e:
-                problem = f"cannot open usage files at {lvl.cgroup_path}: {e.strerror or e}"
+            problem = _open_usage(lvl.kept, fnames, lvl.cgroup_path)
         fresh.append(replace(lvl, limit=limit, problem=problem))
     if resolved.version == 1:
         hidden = hidden_v1_limit(fresh[-1])
