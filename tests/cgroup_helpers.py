@@ -124,6 +124,16 @@ class Tree:
         self.procs.append(proc)
         return proc
 
+    def run_cli(self, cgroup: str, *args: str, timeout: float = 60) -> str:
+        """`cgwatch ARGS` run inside `cgroup`; its stdout (it must exit 0)."""
+        code = (f"import sys; sys.path.insert(0, {PROJECT!r})\n"
+                f"sys.argv = ['cgwatch', *{list(args)!r}]\n"
+                "from cgwatch.cli import main; sys.exit(main())")
+        proc = self.spawn(cgroup, code)
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, err
+        return out
+
     def allow_processes(self, cgroup: str) -> None:
         """v2's no-internal-processes rule: a cgroup holding processes cannot also hand
         controllers to children, so give them up before moving a process in."""

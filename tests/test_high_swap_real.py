@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, real_kernel_marks, write
+from tests.cgroup_helpers import MiB, Tree, cgroup_tree, real_kernel_marks, write
 
 pytestmark = real_kernel_marks()
 
@@ -19,16 +19,6 @@ pytestmark = real_kernel_marks()
 def tree() -> Iterator[Tree]:
     with cgroup_tree() as t:
         yield t
-
-
-def cli(tree: Tree, cgroup: str, *args: str) -> str:
-    code = (f"import sys; sys.path.insert(0, {PROJECT!r})\n"
-            f"sys.argv = ['cgwatch', *{list(args)!r}]\n"
-            "from cgwatch.cli import main; sys.exit(main())")
-    proc = tree.spawn(cgroup, code)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    return out
 
 
 def test_memory_high_and_swap_in_json_and_table(tree: Tree) -> None:
@@ -44,7 +34,7 @@ def test_memory_high_and_swap_in_json_and_table(tree: Tree) -> None:
             pytest.skip("this v1 kernel does not account swap (no memory.memsw.*)")
         write(swap, str(576 * MiB))  # memory + swap: 64 MiB of swap
     tree.allow_processes(ours)
-    data = json.loads(cli(tree, ours, "--json"))
+    data = json.loads(tree.run_cli(ours, "--json"))
     level = next(lvl for lvl in data["levels"] if lvl["directory"] == ours)
     assert data["total_memory"] == 512 * MiB  # memory.high is no hard limit
     assert 0 < data["available_memory"] <= 512 * MiB
@@ -55,7 +45,7 @@ def test_memory_high_and_swap_in_json_and_table(tree: Tree) -> None:
     if os.path.exists(swap):
         assert level["swap_limit"] == 64 * MiB
         assert level["swap_usage"] is not None and level["swap_usage"] >= 0
-    table = cli(tree, ours)
+    table = tree.run_cli(ours)
     header = next(line for line in table.splitlines() if "headroom" in line)
     assert ("high" in header) == (tree.version == 2)
     if tree.version == 2:

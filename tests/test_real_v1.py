@@ -152,25 +152,15 @@ print(json.dumps([before, after, m.total_memory(), m.status.directory]))
     tree.made.remove(first)
 
 
-def run_cli(tree: Tree, cgroup: str, *args: str) -> str:
-    code = (f"import sys; sys.path.insert(0, {PROJECT!r})\n"
-            f"sys.argv = ['cgwatch', *{list(args)!r}]\n"
-            "from cgwatch.cli import main; sys.exit(main())")
-    proc = tree.spawn(cgroup, code)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    return out
-
-
 def test_command_inside_a_limited_cgroup(tree: Tree) -> None:
     parent = tree.make("parent", limit=256 * MiB)
     ours = tree.make("parent/ours", limit=512 * MiB)
-    data = json.loads(run_cli(tree, ours, "--json"))
+    data = json.loads(tree.run_cli(ours, "--json", timeout=30))
     assert data["total_memory"] == 256 * MiB
     assert data["status"]["directory"] == ours
     binding = [lvl for lvl in data["levels"] if lvl["binds_total"]]
     assert [lvl["directory"] for lvl in binding] == [parent]
-    table = run_cli(tree, ours)
+    table = tree.run_cli(ours, timeout=30)
     assert "256.0 MiB" in table and "512.0 MiB" in table
     rows = [ln for ln in table.splitlines() if binding[0]["cgroup_path"] in ln.split()]
     assert len(rows) == 1 and rows[0].startswith("T"), table
