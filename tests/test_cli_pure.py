@@ -134,7 +134,7 @@ def test_runlog_keeps_own_rises_apart_for_the_culprit() -> None:
     log = RunLog()
     log.add(ev("oom", level=1, old=0, new=1, local_old=0, local_new=0))
     log.add(ev("oom", level=1, old=1, new=2, local_old=0, local_new=1))
-    culprit = find_culprit(log.events(), [("/job", "/sys/fs/cgroup/job", 64 * MiB)])
+    culprit = find_culprit(log.events())
     assert culprit is not None and culprit.certain
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
-from cgwatch.cli.explain import Culprit, Report, explain, find_culprit
+from cgwatch.cli.explain import Above, Culprit, Report, explain, find_culprit
 from cgwatch.cli.run import exit_status
 from cgwatch.event import Event
 
@@ -28,30 +28,55 @@ def ev(counter: str, level: int, path: str, old: int = 0, new: int = 1,
                  0.0, "memory.events" if version == 2 else "memory.oom_control", version, **kw)
 
 
-LIMITED = [("/job", "/sys/fs/cgroup/job", 64 * MiB), ("/", "/sys/fs/cgroup", 8192 * MiB)]
+HIDDEN = ("(above /ctr)", "/sys/fs/cgroup/ctr", 300 * MiB)  # v1 hierarchical_memory_limit
+UNSEEN = ("(above /ctr)", "/sys/fs/cgroup/ctr", None)  # v2: limits above cannot be seen
 
 
-@pytest.mark.parametrize("events, limited, expected", [
-    # v1: the OOM notification names the level
-    ([ev("oom_kill", 0, "/job/leaf"), ev("oom", 1, "/job", limit=64 * MiB)], LIMITED,
+@pytest.mark.parametrize("events, above, top, expected", [
+    # v1: the OOM notification names the level (the highest notified one: notifications
+    # reach the memcg that ran out and every cgroup below it)
+    ([ev("oom_kill", 0, "/job/leaf"), ev("oom", 1, "/job", limit=64 * MiB)], None, 2,
      Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
+    ([ev("oom_kill", 0, "/job/leaf"), ev("oom", 0, "/job/leaf", limit=256 * MiB),
+      ev("oom", 1, "/job", limit=64 * MiB), ev("failcnt", 1, "/job", 0, 9, limit=64 * MiB)],
+     None, 2, Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
     # v1 without eventfd: failcnt at the limited level
     ([ev("oom_kill", 0, "/job/leaf"), ev("failcnt", 1, "/job", 0, 300, limit=64 * MiB)],
-     LIMITED, Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
+     None, 2, Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
+    # two levels' limits were hit: the deepest, marked uncertain
+    ([ev("oom_kill", 0, "/job/leaf"), ev("failcnt", 0, "/job/leaf", 0, 3, limit=32 * MiB),
+      ev("failcnt", 1, "/job", 0, 300, limit=64 * MiB)],
+     None, 2, Culprit("/job/leaf", "/sys/fs/cgroup/job/leaf", 32 * MiB, False)),
     # v2: the level whose own (local) oom rose, not the ancestors it propagated to
     ([ev("oom", 1, "/job", limit=64 * MiB, version=2, local_old=0, local_new=1),
       ev("oom", 2, "/", limit=8192 * MiB, version=2, local_old=0, local_new=0,
          propagated=True)],
-     LIMITED, Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
-    # nothing says where: the smallest limit on the path, marked uncertain
-    ([ev("oom_kill", 0, "/job/leaf")], LIMITED,
-     Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, False)),
-    # no limit anywhere: the host ran out
-    ([ev("oom_kill", 0, "/job/leaf")], [], None),
+     None, 2, Culprit("/job", "/sys/fs/cgroup/job", 64 * MiB, True)),
+    # nothing says a visible limit was hit: the host ran out (the smallest limit on the
+    # path, which nobody reached, is not named)
+    ([ev("oom_kill", 0, "/job/leaf")], None, 2, None),
+    ([ev("oom_kill", 0, "/job/leaf", version=2)], None, 2, None),
+    # v1, a hidden parent (seen on 6.1 with a subtree bind mount): its OOM notification
+    # reaches the container, whose own failcnt stays 0
+    ([ev("oom", 0, "/ctr", limit=1024 * MiB), ev("oom_kill", 0, "/ctr")], HIDDEN, 0,
+     Culprit(*HIDDEN, True, "above")),
+    # ... but the container's own limit when its failcnt rose
+    ([ev("oom", 0, "/ctr", limit=1024 * MiB), ev("failcnt", 0, "/ctr", limit=1024 * MiB),
+      ev("oom_kill", 0, "/ctr")], HIDDEN, 0,
+     Culprit("/ctr", "/sys/fs/cgroup/ctr", 1024 * MiB, True)),
+    # v1 hidden parent without notifications (a read-only cgroup mount: no eventfd):
+    # likely the limit above, or the host
+    ([ev("oom_kill", 0, "/ctr")], HIDDEN, 0, Culprit(*HIDDEN, False, "above")),
+    # v2 in a namespace: limits above cannot be seen
+    ([ev("oom_kill", 0, "/ctr", version=2)], UNSEEN, 0, Culprit(*UNSEEN, False, "above")),
+    # v2 in a namespace, the container's own limit: its own oom says so
+    ([ev("oom_kill", 0, "/ctr", version=2),
+      ev("oom", 0, "/ctr", limit=64 * MiB, version=2, local_old=0, local_new=1)], UNSEEN, 0,
+     Culprit("/ctr", "/sys/fs/cgroup/ctr", 64 * MiB, True)),
 ])
-def test_find_culprit(events: list[Event], limited: list[tuple[str, str, int]],
+def test_find_culprit(events: list[Event], above: Optional[Above], top: int,
                       expected: Optional[Culprit]) -> None:
-    assert find_culprit(events, limited) == expected
+    assert find_culprit(events, above, top) == expected
 
 
 KILL = ev("oom_kill", 0, "/job")
@@ -87,6 +112,35 @@ def test_explain_survivor_and_unknown_peak() -> None:
 def test_explain_uncertain_culprit_and_host_oom() -> None:
     text = explain(Report("x", 137, 9, (KILL,), Culprit("/job", "/d", 64 * MiB, False), None,
                           ""))
-    assert "/job (the smallest limit on the path)" in text
+    assert "/job (the deepest of several that hit a limit)" in text
     text = flat(explain(Report("x", 137, 9, (KILL,), None, None, "")))
     assert "the host itself ran out of memory" in text
+    assert "raise that cgroup's memory limit" not in text
+    assert "A memory limit on this job below the host's RAM" in text
+
+
+def test_explain_a_hidden_v1_limit() -> None:
+    report = Report("python", 137, 9, (ev("oom_kill", 0, "/ctr"),),
+                    Culprit(*HIDDEN, True, "above"), 290 * MiB, "memory.max_usage_in_bytes",
+                    "/ctr")
+    assert report.cause == "above"
+    text = " ".join(flat(explain(report)).split())
+    assert "the kernel's OOM notification reached /ctr without its own limit being hit" in text
+    assert "cgroup (above /ctr)" in text
+    assert "limit 300.0 MiB (314572800 bytes, v1 hierarchical_memory_limit)" in text
+    assert "peak usage 290.0 MiB at /ctr (memory.max_usage_in_bytes)" in text
+    assert "raising this container's own limit would not help" in text
+    assert "Kubernetes: the pod's memory limit" in text
+    assert "raise that cgroup's memory limit" not in text
+
+
+def test_explain_a_limit_that_cannot_be_seen() -> None:
+    report = Report("python", 137, 9, (ev("oom_kill", 0, "/ctr", version=2),),
+                    Culprit(*UNSEEN, False, "above"), None, "", "/ctr")
+    text = " ".join(flat(explain(report)).split())
+    assert "the kill came from a limit above /ctr, which this process cannot see, or from " \
+        "the host running out of memory" in text
+    assert "limit cannot be seen from here" in text
+    assert "raising this container's own limit would not help" in text
+    assert Report("x", 1, None, (), None, None, "").cause == "host"
+    assert Report("x", 1, None, (), CULPRIT, None, "").cause == "limit"

@@ -109,3 +109,50 @@ subprocess.run(["mount", "--bind", {ctr!r}, {MOUNT_POINT!r}], check=True)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1]) == [300 * MiB, 200 * MiB]
+
+
+RUN_OOM = """
+sys.argv = ["cgwatch", "run", "--json", "--", sys.executable, "-c",
+            "b = []\\nwhile True:\\n    b.append(bytearray(1 << 20))\\n"]
+from cgwatch.cli import main
+import contextlib, io
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    status = main()
+print(json.dumps({"status": status, "report": json.loads(err.getvalue().splitlines()[-1])}))
+"""
+
+
+def test_an_oom_kill_from_a_hidden_parent_is_explained_as_such(tree: Tree) -> None:
+    # The container's own limit (256 MiB) is never reached; its parent's (64 MiB) is. The
+    # kernel's OOM notification reaches the container anyway (mem_cgroup_oom_notify walks
+    # the subtree of the memcg that ran out), while the container's failcnt stays 0.
+    tree.make("parent", limit=64 * MiB)
+    ctr = tree.make("parent/ctr", limit=256 * MiB)
+    got = inside_subtree_mount(tree, ctr, RUN_OOM)
+    report = got["report"]
+    assert got["status"] == 137
+    assert report["cause"] == "above", report["explanation"]
+    culprit = report["culprit"]
+    assert culprit["kind"] == "above" and culprit["certain"]
+    assert culprit["limit"] == 64 * MiB
+    assert culprit["cgroup_path"].startswith("(above ")
+    assert report["oom_kills"] == 1
+    text = " ".join(" ".join(report["explanation"]).split())
+    assert "without its own limit being hit" in text
+    assert "limit 64.0 MiB (67108864 bytes, v1 hierarchical_memory_limit)" in text
+    assert "raising this container's own limit would not help" in text
+    assert "256.0 MiB" not in text
+
+
+def test_an_oom_kill_at_the_containers_own_limit_names_it(tree: Tree) -> None:
+    # The same shape, the other way round: the container's own limit is the smaller.
+    tree.make("parent", limit=256 * MiB)
+    ctr = tree.make("parent/ctr", limit=64 * MiB)
+    got = inside_subtree_mount(tree, ctr, RUN_OOM)
+    report = got["report"]
+    assert got["status"] == 137
+    assert report["cause"] == "limit", report["explanation"]
+    assert report["culprit"]["kind"] == "hit" and report["culprit"]["certain"]
+    assert report["culprit"]["limit"] == 64 * MiB
+    assert "raise that cgroup's memory limit" in " ".join(" ".join(report["explanation"]).split())

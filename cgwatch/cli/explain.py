@@ -1,5 +1,6 @@
-"""What `cgwatch run` prints when an OOM kill happened while its command ran: which cgroup's
-limit was reached, the limit, the peak usage, and what to do.
+"""What `cgwatch run` prints when an OOM kill happened while its command ran: which limit the
+kernel says was reached (a visible level's, one above the visible hierarchy, or none: the
+host ran out), the limit, the peak usage, and what would help.
 
 `find_culprit` (which level ran out of memory) and `explain` (the text) are pure and
 table-tested in tests/test_cli_run_explain.py; run.py gathers their inputs.
@@ -29,8 +30,12 @@ class Culprit:
 
     cgroup_path: str
     directory: str
-    limit: Optional[int]
-    certain: bool  # seen to run out of memory (False: only the smallest limit on the path)
+    limit: Optional[int]  # None: a limit above the visible hierarchy whose value is unknown
+    certain: bool  # the kernel's counters say so (False: only the likeliest reading)
+    # "hit": a level on the visible path reached its limit; "above": no visible level did,
+    # so a limit above the visible hierarchy was (v1 hierarchical_memory_limit gives its
+    # value; v2 and namespaces show nothing of it)
+    kind: str = "hit"
 
 
 @dataclass(frozen=True)
@@ -39,39 +44,75 @@ class Report:
     status: int  # the exit status `cgwatch run` returns (128+N for signal N)
     signal: Optional[int]  # the signal that ended the command, if one did
     kills: tuple[Event, ...]  # oom_kill rises on the path while it ran (v2: deepest level)
-    culprit: Optional[Culprit]  # None: no limited level on the path ran out of memory
+    culprit: Optional[Culprit]  # None: no limit on the path was reached: a host-wide OOM
     peak: Optional[int]  # the culprit's peak usage as the kernel reports it
     peak_file: str  # where the peak came from ("" when unknown)
+    top: str = ""  # the top visible level's path (where the peak of an "above" culprit is)
+
+    @property
+    def cause(self) -> str:
+        """`limit` (a visible level's), `above` (a limit above what can be seen) or `host`."""
+        if self.culprit is None:
+            return "host"
+        return "above" if self.culprit.kind == "above" else "limit"
 
 
-def find_culprit(events: Sequence[Event],
-                 limited: Sequence[tuple[str, str, int]]) -> Optional[Culprit]:
-    """The level that ran out of memory, from the events seen during the run.
+# A limit above the visible hierarchy: (path shown for it, directory of the top visible
+# level, its value where the kernel shows it: v1 `hierarchical_memory_limit`; None on v2).
+Above = tuple[str, str, Optional[int]]
 
-    In order of evidence: a v2 `oom` rise in the level's own memory.events.local, or v1's
-    `oom` (OOM notification for that level); then a rise of `max` / `failcnt` (the limit was
-    hit); then, with none of those, the level with the smallest limit (`limited`: path,
-    directory, limit of each limited level, leaf first). None if nothing on the path has a
-    limit.
+
+def find_culprit(events: Sequence[Event], above: Optional[Above] = None,
+                 top_level: Optional[int] = None) -> Optional[Culprit]:
+    """The level whose limit the kernel says was reached, from the events seen during the run.
+
+    `above`: the level above the visible hierarchy when there may be a limit there;
+    `top_level`: the index (Event.level) of the top visible level. In order of evidence:
+    1. v2: the deepest level whose own `oom` rose (memory.events.local, or a rise that is not
+       a propagated repeat): the OOM happened at that level (mm/memcontrol.c raises MEMCG_OOM
+       at the memcg over its limit; only memory.events propagates it upwards).
+    2. v1: OOM notifications (cgroup.event_control) reach the memcg that ran out *and every
+       cgroup below it* (mem_cgroup_oom_notify walks the subtree; seen on 5.10 and 6.1), so
+       the highest notified level is where it ran out; except when that is the top visible
+       level, its failcnt did not rise and a limit lies above: then the OOM was above.
+    3. a rise of `max` (v2) / `failcnt` (v1: counted at the level whose charge failed): the
+       deepest such limited level; certain only when it is the one level that rose.
+    4. nothing on the visible path reached a limit (the counters would show it; the smallest
+       limit there is not the culprit when none was reached): a limit above the visible
+       hierarchy, when there may be one (uncertain: the host may have run out instead), or
+       else None: the host ran out (a global OOM raises no memcg `oom`, `max` or failcnt).
     """
     def own_oom(e: Event) -> bool:
-        if e.counter != "oom" or e.limit is None:
+        if e.counter != "oom" or e.limit is None or e.version != 2:
             return False
         if e.local_new is not None and e.local_old is not None:
             return e.local_new > e.local_old
         return not e.propagated
 
-    for test in (own_oom,
-                 lambda e: e.counter in ("max", "failcnt") and e.limit is not None
-                 and not e.propagated):
-        hits = [e for e in events if test(e)]
-        if hits:
-            first = min(hits, key=lambda e: e.level)
-            return Culprit(first.cgroup_path, first.directory, first.limit, True)
-    if not limited:
-        return None
-    path, directory, limit = min(limited, key=lambda x: x[2])
-    return Culprit(path, directory, limit, False)
+    def above_culprit(certain: bool) -> Optional[Culprit]:
+        if above is None:
+            return None
+        return Culprit(above[0], above[1], above[2], certain, "above")
+
+    hits = [e for e in events if own_oom(e)]
+    if hits:
+        first = min(hits, key=lambda e: e.level)
+        return Culprit(first.cgroup_path, first.directory, first.limit, True)
+    failed = [e for e in events if e.counter in ("max", "failcnt") and e.limit is not None
+              and not e.propagated]
+    notified = [e for e in events if e.counter == "oom" and e.version == 1]
+    if notified:
+        highest = max(notified, key=lambda e: e.level)
+        top_failed = any(e.level == highest.level for e in failed)
+        if highest.level == top_level and above is not None and not top_failed:
+            return above_culprit(True)
+        if highest.limit is not None:
+            return Culprit(highest.cgroup_path, highest.directory, highest.limit, True)
+    if failed:
+        first = min(failed, key=lambda e: e.level)
+        return Culprit(first.cgroup_path, first.directory, first.limit,
+                       len({e.level for e in failed}) == 1)
+    return above_culprit(False)
 
 
 def signal_name(number: int) -> str:
@@ -86,40 +127,78 @@ def explain(report: Report) -> str:
     """The lines for stderr, each prefixed `cgwatch: `."""
     cmd = report.command
     kills = sum(e.new - e.old for e in report.kills)
-    where = sorted({e.cgroup_path for e in report.kills})
+    where = ", ".join(sorted({e.cgroup_path for e in report.kills}))
     if report.signal == signal.SIGKILL:
         head = (f"{cmd} was killed by the kernel's OOM killer (SIGKILL, exit status "
                 f"{report.status}).")
     elif report.signal is not None:
         head = (f"{cmd} died of {signal_name(report.signal)} (exit status {report.status}) "
-                f"after the kernel's OOM killer killed a process in {', '.join(where)}.")
+                f"after the kernel's OOM killer killed a process in {where}.")
     else:
         head = (f"while {cmd} ran, the kernel's OOM killer killed a process in "
-                f"{', '.join(where)} ({cmd} exited with status {report.status}).")
+                f"{where} ({cmd} exited with status {report.status}).")
     lines = _wrap(head)
-    if report.culprit is None:
-        lines += _wrap("no memory limit on this process's cgroup path was reached: the host "
-                       "itself ran out of memory (or a limit above the visible cgroup tree).")
-        lines += [f"  OOM kills   {kills} in {', '.join(where)}"]
-        lines += _wrap(f"what to do: free memory on the host or give the machine more, or "
-                       f"make {cmd} use less (smaller batches, fewer worker processes).")
-        return "\n".join("cgwatch: " + line for line in lines)
+    kills_line = f"  OOM kills   {kills} in {where} while {cmd} ran"
     c = report.culprit
+    if c is None:
+        lines += _wrap("no memory limit on this process's cgroup path was reached (the "
+                       "kernel's counters show none hit): the host itself ran out of memory "
+                       "(a global OOM).")
+        lines += [kills_line]
+        lines += _wrap(f"what to do: free memory on the host (other processes), add swap or "
+                       f"give the machine more, or make {cmd} use less (smaller batches, "
+                       f"fewer worker processes). A memory limit on this job below the "
+                       f"host's RAM (docker run --memory, systemd MemoryMax=) keeps such a "
+                       f"shortage inside the job, where it is reported.")
+        return "\n".join("cgwatch: " + line for line in lines)
+    if c.kind == "above":
+        lines += _above_lines(report, c, kills_line)
+        return "\n".join("cgwatch: " + line for line in lines)
     peak = (f"{human_bytes(report.peak)} ({report.peak_file})" if report.peak is not None
             else "not reported by this kernel")
     lines += [
         f"  cgroup      {c.cgroup_path}" + ("" if c.certain else
-                                             " (the smallest limit on the path)"),
+                                             " (the deepest of several that hit a limit)"),
         f"  limit       {human_bytes(c.limit)}"
         + (f" ({c.limit} bytes)" if c.limit is not None else ""),
         f"  peak usage  {peak}",
-        f"  OOM kills   {kills} in {', '.join(where)} while {cmd} ran",
+        kills_line,
     ]
     lines += _wrap(f"what to do: raise that cgroup's memory limit (docker run --memory, "
                    f"Kubernetes resources.limits.memory, systemd MemoryMax=) or make {cmd} "
                    "use less memory (smaller batches, fewer worker processes); a program can "
                    "call cgwatch.available_memory() to learn how much it may still allocate.")
     return "\n".join("cgwatch: " + line for line in lines)
+
+
+def _above_lines(report: Report, c: Culprit, kills_line: str) -> list[str]:
+    """The body for an OOM that no visible level's limit explains."""
+    top = report.top or "the top visible level"
+    if c.limit is not None:
+        limit = (f"  limit       {human_bytes(c.limit)} ({c.limit} bytes, v1 "
+                 "hierarchical_memory_limit)")
+    else:
+        limit = "  limit       cannot be seen from here (cgroup namespace or subtree mount)"
+    # The level above also counts its other children: the top's peak is a floor of its own.
+    peak = (f"  peak usage  {human_bytes(report.peak)} at {top} ({report.peak_file})"
+            if report.peak is not None else "  peak usage  not reported by this kernel")
+    if c.certain:
+        why = (f"no limit on the visible path was reached, but the kernel's OOM notification "
+               f"reached {top} without its own limit being hit: the limit that ran out is "
+               f"above it, in a cgroup this process cannot see.")
+    else:
+        why = (f"no limit on the visible path was reached (the kernel's counters show none "
+               f"hit): the kill came from a limit above {top}, which this process cannot "
+               f"see, or from the host running out of memory.")
+    lines = _wrap(why)
+    lines += [f"  cgroup      {c.cgroup_path}", limit, peak, kills_line]
+    lines += _wrap(
+        f"what to do: raising this container's own limit would not help. Raise the limit "
+        f"above it (Kubernetes: the pod's memory limit; Slurm: the job's --mem; systemd: "
+        f"the slice's MemoryMax=), move other work out from under it, or make "
+        f"{report.command} use less memory; the host's kernel log (dmesg) names the cgroup "
+        f"that ran out (oom_memcg=), or says 'Out of memory' for the host.")
+    return lines
 
 
 def explain_shm(cmd: str, status: int, sig: Optional[int], peak: Optional[ShmUsage],

@@ -46,8 +46,9 @@ from ..events import Events, Item
 from ..files import read_file, under_root
 from ..monitor import Monitor
 from ..shm import ShmUsage, shm_usage
+from ..snapshot import LevelInfo
 from .coalesce import Coalescer, rises_suffix
-from .explain import KILL_COUNTERS, Report, explain, explain_shm, find_culprit, signal_name
+from .explain import KILL_COUNTERS, Above, Report, explain, explain_shm, find_culprit, signal_name
 from .format import format_item
 from .runlog import RunLog
 
@@ -91,15 +92,31 @@ def build_report(command: str, returncode: int, seen: list[Item],
         # later scan than the original. The deepest level that counted one says where.
         deepest = min(e.level for e in kills)
         kills = [e for e in kills if e.level == deepest]
-    limited = [(lvl.cgroup_path, lvl.directory, lvl.limit) for lvl in monitor.levels()
-               if lvl.limit is not None]
-    culprit = find_culprit(events, limited)
+    levels = monitor.levels()
+    visible = [lvl for lvl in levels if not lvl.hidden]
+    top = visible[-1].cgroup_path if visible else ""
+    culprit = find_culprit(events, _above(levels, monitor.status.above),
+                           len(visible) - 1 if visible else None)
     peak, peak_file = (None, "")
     version = monitor.status.version
     if culprit is not None and version is not None:
         peak, peak_file = _peak(culprit.directory, version)
     sig = -returncode if returncode < 0 else None
-    return Report(command, exit_status(returncode), sig, tuple(kills), culprit, peak, peak_file)
+    return Report(command, exit_status(returncode), sig, tuple(kills), culprit, peak, peak_file,
+                  top)
+
+
+def _above(levels: list[LevelInfo], above: str) -> Optional[Above]:
+    """The level above the visible hierarchy, when a limit may be there: v1's hidden level
+    (its value from hierarchical_memory_limit), or, where `status.above` says limits above
+    the top cannot be seen, one of unknown value."""
+    for lvl in levels:
+        if lvl.hidden:
+            return (lvl.cgroup_path, lvl.directory, lvl.limit)
+    if above and levels:
+        top = levels[-1]
+        return (f"(above {top.cgroup_path})", top.directory, None)
+    return None
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -192,9 +209,13 @@ def report_json(command: list[str], pid: Optional[int], returncode: int,
         "oom_kills": kills,
         "oom_kills_in": sorted({e.cgroup_path for e in report.kills}) if report else [],
         "killed_process": killed,
+        # limit: a visible level's limit was reached; above: a limit above the visible
+        # hierarchy; host: no limit on the path was reached (a global OOM)
+        "cause": report.cause if report is not None else None,
         "culprit": None if culprit is None else {
             "cgroup_path": culprit.cgroup_path, "limit": culprit.limit,
-            "certain": culprit.certain, "peak": report.peak if report else None,
+            "certain": culprit.certain, "kind": culprit.kind,
+            "peak": report.peak if report else None,
             "peak_file": report.peak_file if report else ""},
         "events": [s.as_dict() for s in runlog.summaries()],
         "headroom_alerts": runlog.alerts,
