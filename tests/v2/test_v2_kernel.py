@@ -291,3 +291,30 @@ def test_cgroup_namespace(cgroups: Cgroups) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_an_oom_kill_from_a_limit_above_the_namespace(cgroups: Cgroups) -> None:
+    """In a private cgroup namespace, the pod's limit (64 MiB) is reached, not the
+    container's (256 MiB). From inside, the kernel shows only `oom_kill` rising: MEMCG_MAX and
+    MEMCG_OOM are raised at the pod's memcg and memory.events propagates upwards only (seen
+    on 6.1). `cgwatch run` must not blame the container's limit."""
+    cgroups.mkdir("pod", 64 * MiB)
+    ctr = cgroups.mkdir("pod/ctr", 256 * MiB, leaf=True)
+    alloc = "b = []\nwhile True:\n    b.append(bytearray(1 << 20))\n"
+    proc = subprocess.run(
+        ["sh", "-ec", f"echo $$ > {ctr}/cgroup.procs\n"
+         "exec unshare --cgroup --mount --propagation private sh -ec '"
+         f"umount {CG}; mount -t cgroup2 none {CG}; exec \"$0\" \"$@\"' "
+         f"{sys.executable} -m cgwatch run --json -- {sys.executable} -c '{alloc}'"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 137, proc.stderr
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    events = read(f"{ctr}/memory.events")
+    assert "oom 0" in events.splitlines() and "max 0" in events.splitlines(), events
+    assert report["cause"] == "above", report["explanation"]
+    culprit = report["culprit"]
+    assert (culprit["kind"], culprit["certain"], culprit["limit"]) == ("above", False, None)
+    text = " ".join(" ".join(report["explanation"]).split())
+    assert "the kill came from a limit above /, which this process cannot see, or from the " \
+        "host running out of memory" in text, text
+    assert "256.0 MiB" not in text
