@@ -318,3 +318,24 @@ def test_an_oom_kill_from_a_limit_above_the_namespace(cgroups: Cgroups) -> None:
     assert "the kill came from a limit above /, which this process cannot see, or from the " \
         "host running out of memory" in text, text
     assert "256.0 MiB" not in text
+
+
+def test_a_global_oom_is_explained_as_the_host_running_out(cgroups: Cgroups) -> None:
+    """No limit anywhere on the path, and the guest runs out of memory: a global OOM. Only
+    `oom_kill` rises (in the victim's memcg and upwards); no memcg `oom` or `max`. The
+    allocator asks to be the victim (oom_score_adj 1000), so nothing else in the guest is."""
+    job = cgroups.mkdir("job", leaf=True)
+    alloc = "b = []\nwhile True:\n    b.append(bytearray(1 << 20))\n"
+    proc = subprocess.run(
+        ["sh", "-ec", f"echo $$ > {job}/cgroup.procs\n"
+         f"exec {sys.executable} -m cgwatch run --json -- sh -ec "
+         f"'echo 1000 > /proc/self/oom_score_adj; exec {sys.executable} -c \"$0\"' '{alloc}'"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.returncode == 137, proc.stderr
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    events = read(f"{job}/memory.events").splitlines()
+    assert "oom 0" in events and "max 0" in events and "oom_kill 1" in events, events
+    assert report["cause"] == "host", report["explanation"]
+    assert report["culprit"] is None
+    text = " ".join(" ".join(report["explanation"]).split())
+    assert "the host itself ran out of memory (a global OOM)" in text, text
