@@ -123,22 +123,30 @@ print(json.dumps({"status": status, "report": json.loads(err.getvalue().splitlin
 """
 
 
+def oom_under_subtree_mount(tree: Tree, parent_limit: int,
+                            own_limit: int) -> tuple[dict[str, Any], str]:
+    """`cgwatch run --json` of an allocator killed in a container (`own_limit`) under a
+    parent (`parent_limit`) only the container's cgroup of which is mounted: the report and
+    its explanation as one line."""
+    tree.make("parent", limit=parent_limit)
+    ctr = tree.make("parent/ctr", limit=own_limit)
+    got = inside_subtree_mount(tree, ctr, RUN_OOM)
+    assert got["status"] == 137
+    report: dict[str, Any] = got["report"]
+    assert report["oom_kills"] == 1
+    return report, " ".join(" ".join(report["explanation"]).split())
+
+
 def test_an_oom_kill_from_a_hidden_parent_is_explained_as_such(tree: Tree) -> None:
     # The container's own limit (256 MiB) is never reached; its parent's (64 MiB) is. The
     # kernel's OOM notification reaches the container anyway (mem_cgroup_oom_notify walks
     # the subtree of the memcg that ran out), while the container's failcnt stays 0.
-    tree.make("parent", limit=64 * MiB)
-    ctr = tree.make("parent/ctr", limit=256 * MiB)
-    got = inside_subtree_mount(tree, ctr, RUN_OOM)
-    report = got["report"]
-    assert got["status"] == 137
-    assert report["cause"] == "above", report["explanation"]
+    report, text = oom_under_subtree_mount(tree, 64 * MiB, 256 * MiB)
+    assert report["cause"] == "above", text
     culprit = report["culprit"]
     assert culprit["kind"] == "above" and culprit["certain"]
     assert culprit["limit"] == 64 * MiB
     assert culprit["cgroup_path"].startswith("(above ")
-    assert report["oom_kills"] == 1
-    text = " ".join(" ".join(report["explanation"]).split())
     assert "without its own limit being hit" in text
     assert "limit 64.0 MiB (67108864 bytes, v1 hierarchical_memory_limit)" in text
     assert "raising this container's own limit would not help" in text
@@ -147,12 +155,8 @@ def test_an_oom_kill_from_a_hidden_parent_is_explained_as_such(tree: Tree) -> No
 
 def test_an_oom_kill_at_the_containers_own_limit_names_it(tree: Tree) -> None:
     # The same shape, the other way round: the container's own limit is the smaller.
-    tree.make("parent", limit=256 * MiB)
-    ctr = tree.make("parent/ctr", limit=64 * MiB)
-    got = inside_subtree_mount(tree, ctr, RUN_OOM)
-    report = got["report"]
-    assert got["status"] == 137
-    assert report["cause"] == "limit", report["explanation"]
+    report, text = oom_under_subtree_mount(tree, 256 * MiB, 64 * MiB)
+    assert report["cause"] == "limit", text
     assert report["culprit"]["kind"] == "hit" and report["culprit"]["certain"]
     assert report["culprit"]["limit"] == 64 * MiB
-    assert "raise that cgroup's memory limit" in " ".join(" ".join(report["explanation"]).split())
+    assert "raise that cgroup's memory limit" in text
