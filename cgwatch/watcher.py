@@ -3,20 +3,47 @@ their meaning.
 
 Kept apart from the monitor so the failure cases (no inotify, ENOSPC when the watch limit is
 reached, EMFILE when the instance limit is) become one exception carrying a readable reason.
+
+The three system calls are bound here with ctypes, from the C library already loaded in the
+process (`ctypes.CDLL(None)`), on the first Watcher: neither `os` nor `select` offers
+inotify, and a binding package finds libc with `ctypes.util.find_library`, whose import
+(subprocess, tempfile, shutil, ...) cost ~5 ms of `import cgwatch` and whose search runs
+`ldconfig -p` in a subprocess. Events are parsed from the bytes one read(2) returns.
 """
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
+import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
-try:
-    import inotify_simple
-except ImportError:  # pragma: no cover - the dependency is declared; this is non-Linux safety
-    inotify_simple = None
+# <sys/inotify.h>: the kernel's values (include/uapi/linux/inotify.h), the same on every
+# architecture. IN_CLOEXEC and IN_NONBLOCK are defined as O_CLOEXEC and O_NONBLOCK, which
+# do differ between architectures: os has the right ones.
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_CLOEXEC = os.O_CLOEXEC
+IN_NONBLOCK = os.O_NONBLOCK
+
+# struct inotify_event { int wd; uint32_t mask; uint32_t cookie; uint32_t len; char name[]; }
+# `len` counts the name's bytes including its NUL padding (0 for an event on the watched
+# file itself); the next event follows the padded name.
+_EVENT_HEAD = struct.Struct("=iIII")
+EVENT_HEAD_SIZE = _EVENT_HEAD.size  # 16
+
+MASKS = {
+    "limit": IN_MODIFY | IN_DELETE_SELF,
+    "files": IN_MODIFY | IN_DELETE_SELF,  # a subscriber's (v2 memory.events)
+    "dir": IN_DELETE | IN_DELETE_SELF | IN_ONLYDIR,
+}
 
 
 class Target(NamedTuple):
@@ -49,36 +76,114 @@ def _describe(err: OSError, what: str) -> str:
     return f"inotify failed ({what}): {err.strerror or err}"
 
 
-if inotify_simple is not None:
-    FLAGS: Any = inotify_simple.flags
-    MASKS = {
-        "limit": FLAGS.MODIFY | FLAGS.DELETE_SELF,
-        "files": FLAGS.MODIFY | FLAGS.DELETE_SELF,  # a subscriber's (v2 memory.events)
-        "dir": FLAGS.DELETE | FLAGS.DELETE_SELF | FLAGS.ONLYDIR,
-    }
+# ---- the binding ------------------------------------------------------------------------------
+
+
+class Libc:
+    """inotify_init1, inotify_add_watch and inotify_rm_watch of the process's C library, and
+    how to read the errno ctypes saved after each call (each raises AttributeError where the
+    C library has no such function)."""
+
+    def __init__(self) -> None:
+        import ctypes  # here, not at import: a monitor that polls never needs it
+
+        c = ctypes.CDLL(None, use_errno=True)  # the symbols already in this process
+        init1, add, rm = c.inotify_init1, c.inotify_add_watch, c.inotify_rm_watch
+        init1.argtypes = (ctypes.c_int,)
+        add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        rm.argtypes = (ctypes.c_int, ctypes.c_int)
+        for function in (init1, add, rm):
+            function.restype = ctypes.c_int
+        self.init1: Callable[[int], int] = init1
+        self.add_watch: Callable[[int, bytes, int], int] = add
+        self.rm_watch: Callable[[int, int], int] = rm
+        self.get_errno: Callable[[], int] = ctypes.get_errno
+
+
+_libc: Optional[Libc] = None
+
+
+def libc() -> Libc:
+    """The binding, made on first use (raises OSError, AttributeError or ImportError where
+    the process has no C library with inotify, or no ctypes)."""
+    global _libc
+    bound = _libc
+    if bound is None:
+        bound = _libc = Libc()
+    return bound
+
+
+def _call(function: Callable[..., int], *args: Any) -> int:
+    """The C function's result; OSError with its errno when it returns -1 (EINTR: again)."""
+    while True:
+        result = function(*args)
+        if result != -1:
+            return result
+        err = libc().get_errno()
+        if err != errno.EINTR:
+            raise OSError(err, os.strerror(err))
+
+
+def inotify_init() -> int:
+    """A new inotify descriptor, non-blocking and close-on-exec (raises OSError)."""
+    return _call(libc().init1, IN_CLOEXEC | IN_NONBLOCK)
+
+
+def add_watch(fd: int, path: str, mask: int) -> int:
+    """Watch `path` on `fd` for `mask`; the watch descriptor (raises OSError: ENOENT, ENOTDIR
+    for IN_ONLYDIR on a file, ENOSPC at the watch limit, ...)."""
+    return _call(libc().add_watch, fd, os.fsencode(path), mask)
+
+
+def rm_watch(fd: int, wd: int) -> None:
+    """Drop a watch (raises OSError: EINVAL when the kernel already dropped it)."""
+    _call(libc().rm_watch, fd, wd)
+
+
+def parse_events(data: bytes) -> list[tuple[int, int, int, str]]:
+    """(wd, mask, cookie, name) of each `struct inotify_event` in what read(2) returned; the
+    name without its NUL padding ("" for an event on the watched path itself). A truncated
+    tail (the kernel never returns one) is ignored."""
+    events = []
+    pos = 0
+    end = len(data)
+    unpack = _EVENT_HEAD.unpack_from
+    while pos + EVENT_HEAD_SIZE <= end:
+        wd, mask, cookie, size = unpack(data, pos)
+        pos += EVENT_HEAD_SIZE
+        if pos + size > end:
+            break
+        name = data[pos:pos + size].split(b"\0", 1)[0] if size else b""
+        pos += size
+        events.append((wd, mask, cookie, os.fsdecode(name)))
+    return events
+
+
+# ---- the watcher ------------------------------------------------------------------------------
 
 
 class Watcher:
     """An inotify instance whose watch set can be replaced as a whole."""
 
     def __init__(self) -> None:
-        if inotify_simple is None:
-            raise WatchUnavailable("inotify is not available on this platform")
-        if getattr(inotify_simple, "_libc", 0) is None:
-            # inotify_simple finds libc with ctypes.util.find_library("c"), which runs
-            # `ldconfig -p` in a subprocess (~1.5 ms, and a fork+exec from inside a library) on
-            # the first INotify(). The C library's symbols are already in this process.
-            inotify_simple._libc = ctypes.CDLL(None, use_errno=True)
+        self._fd = -1
+        self._targets: dict[int, Target] = {}
         try:
-            self._inotify = inotify_simple.INotify()
+            libc()
+        except OSError as e:
+            # Loading ctypes opens files: a process out of descriptors (EMFILE) fails here
+            # before any inotify call; the caller retries.
+            raise WatchUnavailable(f"inotify failed (loading ctypes): {e.strerror or e}") from e
+        except (ImportError, AttributeError) as e:
+            raise WatchUnavailable(f"inotify is not available on this platform ({e})") from e
+        try:
             # Non-blocking: read() is one os.read(2), after poll(2) said the fd is readable.
-            os.set_blocking(self._inotify.fileno(), False)
+            self._fd = inotify_init()
         except OSError as e:
             raise WatchUnavailable(_describe(e, "creating an instance")) from e
-        self._targets: dict[int, Target] = {}
 
     def fileno(self) -> int:
-        return int(self._inotify.fileno())
+        return self._fd
 
     def replace(self, targets: Sequence[Target]) -> None:
         """Watch exactly `targets`. New watches are added before old ones are dropped, so a
@@ -87,7 +192,7 @@ class Watcher:
         new: dict[int, Target] = {}
         for target in targets:
             try:
-                wd = self._inotify.add_watch(target.path, MASKS[target.kind])
+                wd = add_watch(self._fd, target.path, MASKS[target.kind])
             except OSError as e:
                 self._targets.update(new)
                 if e.errno in (errno.ENOENT, errno.ENOTDIR):
@@ -96,7 +201,7 @@ class Watcher:
             new[wd] = target
         for wd in set(self._targets) - set(new):
             try:
-                self._inotify.rm_watch(wd)
+                rm_watch(self._fd, wd)
             except OSError:
                 pass  # already gone with its file: the kernel removed it (IN_IGNORED)
         self._targets = new
@@ -106,36 +211,35 @@ class Watcher:
         event queue overflowed, so something may have been missed)."""
         changes = []
         rebuild = False
-        # One read(2) (inotify_simple's read() adds an ioctl(FIONREAD)): every syscall on the
-        # monitor thread lets the GIL go, and a busy Python thread may keep it for a whole
-        # switch interval (5 ms) before the monitor gets it back. What does not fit in the
-        # buffer stays queued and makes the fd readable again.
+        # One read(2), no ioctl(FIONREAD) first: every syscall on the monitor thread lets the
+        # GIL go, and a busy Python thread may keep it for a whole switch interval (5 ms)
+        # before the monitor gets it back. What does not fit in the buffer stays queued and
+        # makes the fd readable again.
         try:
-            data = os.read(self._inotify.fileno(), 65536)
+            data = os.read(self._fd, 65536)
         except BlockingIOError:
             data = b""
-        for event in inotify_simple.parse_events(data):
-            if event.mask & FLAGS.Q_OVERFLOW:
+        for wd, mask, _, name in parse_events(data):
+            if mask & IN_Q_OVERFLOW:
                 rebuild = True
                 continue
-            target = self._targets.get(event.wd)
+            target = self._targets.get(wd)
             if target is None:
                 continue  # a watch from before the last replace()
-            if event.mask & (FLAGS.IGNORED | FLAGS.DELETE_SELF):
+            if mask & (IN_IGNORED | IN_DELETE_SELF):
                 rebuild = True
-            changes.append(Change(target, event.mask, event.name))
+            changes.append(Change(target, mask, name))
         return changes, rebuild
 
     def close(self) -> None:
-        try:
-            self._inotify.close()
-        except OSError:
-            pass
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def __del__(self) -> None:
-        # A monitor never closed (the default one at exit): close quietly, not with a
-        # ResourceWarning from the file object's own finaliser.
-        inotify = getattr(self, "_inotify", None)
-        if inotify is not None:
+        # A monitor never closed (the default one at exit): close the descriptor quietly.
+        if getattr(self, "_fd", -1) >= 0:
             self.close()
-

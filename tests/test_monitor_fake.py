@@ -197,14 +197,14 @@ def test_polling_when_watches_run_out(host: FakeHost, opened: list[Monitor],
                                       monkeypatch: pytest.MonkeyPatch, err: int,
                                       caplog: pytest.LogCaptureFixture) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    real_add = watcher.inotify_simple.INotify.add_watch
+    real_add = watcher.add_watch
 
-    def add_watch(self: object, path: str, mask: int) -> int:
+    def add_watch(fd: int, path: str, mask: int) -> int:
         if "/a/b" in path:  # the first few watches succeed, then the limit is reached
             raise OSError(err, os.strerror(err))
-        return int(real_add(self, path, mask))
+        return real_add(fd, path, mask)
 
-    monkeypatch.setattr(watcher.inotify_simple.INotify, "add_watch", add_watch)
+    monkeypatch.setattr(watcher, "add_watch", add_watch)
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
         m = start(opened, host, poll_interval=0.05)
     assert m.status.mode == POLLING
@@ -218,10 +218,10 @@ def test_polling_when_inotify_cannot_start(host: FakeHost, opened: list[Monitor]
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
 
-    def refuse(*_: object) -> None:
+    def refuse(*_: object) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(watcher.inotify_simple, "INotify", refuse)
+    monkeypatch.setattr(watcher, "inotify_init", refuse)
     m = start(opened, host)
     assert m.status.mode == POLLING
     assert m.total_memory() == 4 * GiB
