@@ -6,87 +6,125 @@ inputs (tests/test_discovery.py). The I/O layer (tree.py) feeds them the files' 
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from . import values
+from .frozen import Frozen, setter
 
 
-@dataclass(frozen=True)
-class CgroupLine:
+class CgroupLine(Frozen):
     """One line of /proc/<pid>/cgroup: `hierarchy-ID:controller-list:path`."""
 
+    __slots__ = _fields = ("hierarchy_id", "controllers", "path")
     hierarchy_id: int
     controllers: tuple[str, ...]
     path: str
 
+    def __init__(self, hierarchy_id: int, controllers: tuple[str, ...], path: str) -> None:
+        setter(self, "hierarchy_id", hierarchy_id)
+        setter(self, "controllers", controllers)
+        setter(self, "path", path)
 
-@dataclass(frozen=True)
-class Mount:
+
+class Mount(Frozen):
     """The fields of one /proc/<pid>/mountinfo line that discovery needs."""
 
+    __slots__ = _fields = ("root", "mount_point", "fstype", "super_options")
     root: str
     mount_point: str
     fstype: str
     super_options: tuple[str, ...]
 
+    def __init__(self, root: str, mount_point: str, fstype: str,
+                 super_options: tuple[str, ...]) -> None:
+        setter(self, "root", root)
+        setter(self, "mount_point", mount_point)
+        setter(self, "fstype", fstype)
+        setter(self, "super_options", super_options)
 
-@dataclass(frozen=True)
-class Resolved:
+
+class Resolved(Frozen):
     """Where the memory hierarchy's files for this process live."""
 
+    __slots__ = _fields = ("version", "cgroup_path", "mount_point", "mount_root", "directory")
     version: int  # 1 or 2
     cgroup_path: str  # the process's path inside the hierarchy, e.g. /kubepods/pod1/ctr
     mount_point: str  # where that hierarchy (or the part of it we can see) is mounted
     mount_root: str  # the hierarchy path shown at mount_point
     directory: str  # mount_point + cgroup_path with mount_root removed
 
+    def __init__(self, version: int, cgroup_path: str, mount_point: str, mount_root: str,
+                 directory: str) -> None:
+        setter(self, "version", version)
+        setter(self, "cgroup_path", cgroup_path)
+        setter(self, "mount_point", mount_point)
+        setter(self, "mount_root", mount_root)
+        setter(self, "directory", directory)
 
-@dataclass(frozen=True)
-class Unresolved:
+
+class Unresolved(Frozen):
     """No trustworthy memory cgroup: callers fall back to host values and report `reason`.
     `transient`: a file could not be read (descriptors exhausted, say), not a fact about the
     process's cgroup; the caller may keep what it knew and retry."""
 
+    __slots__ = _fields = ("reason", "transient")
     reason: str
-    transient: bool = False
+    transient: bool
+
+    def __init__(self, reason: str, transient: bool = False) -> None:
+        setter(self, "reason", reason)
+        setter(self, "transient", transient)
 
 
 Resolution = Union[Resolved, Unresolved]
-
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 # The kernel escapes only space, tab, newline and backslash in mountinfo paths
 # (fs/proc_namespace.c show_mountinfo() calls seq_path_root() with " \\t\\n\\\\"). Any other
 # escape giving a control character (NUL above all: open() refuses it) or a non-ASCII code
 # point was not written by the kernel, and its line is refused.
 _KERNEL_CONTROL_ESCAPES = frozenset("\t\n")
+_OCTAL_DIGITS = frozenset("01234567")
 
 
-def _unescape_one(match: re.Match[str]) -> str:
-    char = chr(int(match.group(1), 8))
+def _unescape_one(digits: str) -> str:
+    char = chr(int(digits, 8))
     if (char < " " and char not in _KERNEL_CONTROL_ESCAPES) or char > "~":
-        raise ValueError(f"escape \\{match.group(1)} gives {char!r}, which the kernel never "
-                         "escapes")
+        raise ValueError(f"escape \\{digits} gives {char!r}, which the kernel never escapes")
     return char
 
 
 def unescape_mount_path(field: str) -> str:
-    """Undo the kernel's octal escapes in mountinfo paths (`\\040` space, `\\011` tab, ...).
+    """Undo the kernel's octal escapes in mountinfo paths (`\\040` space, `\\011` tab, ...):
+    a backslash and exactly three octal digits; any other backslash stays as it is.
 
     Raises ValueError for an escape the kernel never writes (NUL, other control characters,
     non-ASCII code points)."""
-    return _OCTAL_ESCAPE.sub(_unescape_one, field)
+    at = field.find("\\")
+    if at < 0:
+        return field
+    parts = []
+    start = 0
+    while at >= 0:
+        digits = field[at + 1:at + 4]
+        if len(digits) == 3 and _OCTAL_DIGITS.issuperset(digits):
+            parts.append(field[start:at])
+            parts.append(_unescape_one(digits))
+            start = at + 4
+            at = field.find("\\", start)
+        else:
+            at = field.find("\\", at + 1)
+    parts.append(field[start:])
+    return "".join(parts)
 
 
-# Control characters other than the tab and newline the kernel escapes, and DEL. One regex
-# search, not a loop over characters: this runs on every mountinfo line at each resolve.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+# Control characters other than the tab and newline the kernel escapes, and DEL. One set
+# test in C, not a Python loop over characters: this runs on every mountinfo line at each
+# resolve (no `re`: its import costs ~2 ms of `import cgwatch`).
+_CONTROL = frozenset([chr(c) for c in range(0x20) if c not in (0x09, 0x0A)] + ["\x7f"])
 
 
 def _has_control(path: str) -> bool:
-    return _CONTROL.search(path) is not None
+    return not _CONTROL.isdisjoint(path)
 
 
 def mount_point_problem(mount_point: str) -> Optional[str]:

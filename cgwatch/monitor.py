@@ -15,11 +15,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Callable, Optional
 
 from . import values
 from .files import READ_SIZE
+from .frozen import replace
 from .seam import Change, Layout, Subscription
 from .snapshot import (
     HOST,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
+
+from .frozen import Frozen, setter
 
 PROC_CGROUP = "/proc/self/cgroup"
 PROC_MOUNTINFO = "/proc/self/mountinfo"
@@ -32,10 +33,11 @@ OOM_CONTROL = "memory.oom_control"
 FAILCNT = "memory.failcnt"
 
 
-@dataclass(frozen=True)
-class FileNames:
+class FileNames(Frozen):
     """The file names that differ between cgroup versions."""
 
+    __slots__ = _fields = ("version", "limit", "usage", "inactive_key", "peak", "counters",
+                           "high", "swap_limit", "swap_usage")
     version: int
     limit: str  # the hard limit
     usage: str  # current usage, hierarchical
@@ -45,6 +47,19 @@ class FileNames:
     high: str  # the throttling limit (v2 memory.high; "" on v1, whose soft limit is no cap)
     swap_limit: str  # v2: swap alone; v1: memory + swap (memsw)
     swap_usage: str  # likewise
+
+    def __init__(self, version: int, limit: str, usage: str, inactive_key: bytes, peak: str,
+                 counters: tuple[str, ...], high: str, swap_limit: str,
+                 swap_usage: str) -> None:
+        setter(self, "version", version)
+        setter(self, "limit", limit)
+        setter(self, "usage", usage)
+        setter(self, "inactive_key", inactive_key)
+        setter(self, "peak", peak)
+        setter(self, "counters", counters)
+        setter(self, "high", high)
+        setter(self, "swap_limit", swap_limit)
+        setter(self, "swap_usage", swap_usage)
 
     @staticmethod
     def for_version(version: int) -> FileNames:

@@ -7,10 +7,10 @@ new one, never a mix.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from . import discovery, names, values
+from .frozen import Frozen, replace, setter
 from .hostmem import HostMemory
 from .names import FileNames
 from .tree import Level
@@ -21,10 +21,12 @@ POLLING = "polling"  # no inotify: limits re-read when the cache is older than p
 HOST = "host"  # no usable memory cgroup: host values (MemTotal / MemAvailable)
 
 
-@dataclass(frozen=True)
-class Status:
-    """How the monitor gets its answers, and why."""
+class Status(Frozen):
+    """How the monitor gets its answers, and why. (No __slots__: `status.__dict__` is the
+    fields by name, as JSON output uses it.)"""
 
+    _fields = ("mode", "reason", "version", "cgroup_path", "directory", "host_source",
+               "confirmed_at", "above", "thread")
     mode: str  # WATCHING, POLLING or HOST
     reason: str  # why not WATCHING (empty when all is well), or a problem with a level
     version: Optional[int]  # cgroup version of the memory hierarchy, None without one
@@ -32,18 +34,35 @@ class Status:
     directory: Optional[str]  # where that path's files were found
     host_source: str  # "meminfo" or "psutil"
     # time.monotonic() when /proc/self/cgroup last said the process is still in cgroup_path
-    confirmed_at: Optional[float] = None
+    confirmed_at: Optional[float]
     # What cannot be seen from here: "" when the whole path to the root is visible, else a
     # sentence (a v1 limit above the visible top, or a v2 namespace/subtree whose ancestors'
     # limits no file shows)
-    above: str = ""
-    thread: bool = False  # the background thread serves this monitor now
+    above: str
+    thread: bool  # the background thread serves this monitor now
+
+    def __init__(self, mode: str, reason: str, version: Optional[int],
+                 cgroup_path: Optional[str], directory: Optional[str], host_source: str,
+                 confirmed_at: Optional[float] = None, above: str = "",
+                 thread: bool = False) -> None:
+        setter(self, "mode", mode)
+        setter(self, "reason", reason)
+        setter(self, "version", version)
+        setter(self, "cgroup_path", cgroup_path)
+        setter(self, "directory", directory)
+        setter(self, "host_source", host_source)
+        setter(self, "confirmed_at", confirmed_at)
+        setter(self, "above", above)
+        setter(self, "thread", thread)
 
 
-@dataclass(frozen=True)
-class LevelInfo:
-    """One level as it is now, for display and diagnosis (read live, not the hot path)."""
+class LevelInfo(Frozen):
+    """One level as it is now, for display and diagnosis (read live, not the hot path).
+    `as_dict()` (and `__dict__`) give the fields by name."""
 
+    _fields = ("cgroup_path", "directory", "limit", "usage", "inactive_file", "headroom",
+               "binds_total", "binds_available", "problem", "high", "high_headroom",
+               "swap_limit", "swap_usage", "hidden")
     cgroup_path: str
     directory: str
     limit: Optional[int]
@@ -53,24 +72,43 @@ class LevelInfo:
     binds_total: bool  # this level's limit is total_memory()
     binds_available: bool  # this level's headroom is available_memory()
     problem: Optional[str]
-    high: Optional[int] = None  # v2 memory.high (throttling starts above it); None: none
-    high_headroom: Optional[int] = None  # high - working set, None without a high limit
-    swap_limit: Optional[int] = None  # swap this level may use (v1: memsw - limit)
-    swap_usage: Optional[int] = None  # swap in use (v1: memsw usage - usage)
+    high: Optional[int]  # v2 memory.high (throttling starts above it); None: none
+    high_headroom: Optional[int]  # high - working set, None without a high limit
+    swap_limit: Optional[int]  # swap this level may use (v1: memsw - limit)
+    swap_usage: Optional[int]  # swap in use (v1: memsw usage - usage)
     # A v1 limit above the visible hierarchy: usage and headroom are the top visible level's
     # (a floor of the usage there, so the headroom is an upper bound)
-    hidden: bool = False
+    hidden: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def __init__(self, cgroup_path: str, directory: str, limit: Optional[int],
+                 usage: Optional[int], inactive_file: Optional[int], headroom: Optional[int],
+                 binds_total: bool, binds_available: bool, problem: Optional[str],
+                 high: Optional[int] = None, high_headroom: Optional[int] = None,
+                 swap_limit: Optional[int] = None, swap_usage: Optional[int] = None,
+                 hidden: bool = False) -> None:
+        setter(self, "cgroup_path", cgroup_path)
+        setter(self, "directory", directory)
+        setter(self, "limit", limit)
+        setter(self, "usage", usage)
+        setter(self, "inactive_file", inactive_file)
+        setter(self, "headroom", headroom)
+        setter(self, "binds_total", binds_total)
+        setter(self, "binds_available", binds_available)
+        setter(self, "problem", problem)
+        setter(self, "high", high)
+        setter(self, "high_headroom", high_headroom)
+        setter(self, "swap_limit", swap_limit)
+        setter(self, "swap_usage", swap_usage)
+        setter(self, "hidden", hidden)
 
 
 # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
 LimitedLevel = tuple[Optional[int], int, int, int, bytes]
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Frozen):
+    __slots__ = _fields = ("total", "limited", "levels", "host", "status", "resolution",
+                           "expires", "pending", "trusted", "generation", "uncached")
     total: int
     # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
     # hot path needs (None: "usage not read yet", see Monitor.available_memory)
@@ -82,13 +120,30 @@ class Snapshot:
     expires: Optional[float]  # None: kept exact by inotify; else re-read after this time
     # epoll.poll(0) over the inotify descriptor: a query drains pending changes first when it
     # says something is queued (read-your-writes). None: nothing to drain.
-    pending: Optional[Callable[[float], list[tuple[int, int]]]] = None
+    pending: Optional[Callable[[float], list[tuple[int, int]]]]
     # True: the loop thread alone keeps it (Monitor(fresh=False)); the query checks nothing
-    trusted: bool = False
-    generation: int = 0  # rises with every re-resolve (not with a limit change)
+    trusted: bool
+    generation: int  # rises with every re-resolve (not with a limit change)
     # True: available_memory() reads every level anew (a closed monitor, or a limited level
     # whose usage files could not be opened: it must not drop out of the minimum)
-    uncached: bool = False
+    uncached: bool
+
+    def __init__(self, total: int, limited: tuple[LimitedLevel, ...], levels: tuple[Level, ...],
+                 host: HostMemory, status: Status, resolution: discovery.Resolution,
+                 expires: Optional[float],
+                 pending: Optional[Callable[[float], list[tuple[int, int]]]] = None,
+                 trusted: bool = False, generation: int = 0, uncached: bool = False) -> None:
+        setter(self, "total", total)
+        setter(self, "limited", limited)
+        setter(self, "levels", levels)
+        setter(self, "host", host)
+        setter(self, "status", status)
+        setter(self, "resolution", resolution)
+        setter(self, "expires", expires)
+        setter(self, "pending", pending)
+        setter(self, "trusted", trusted)
+        setter(self, "generation", generation)
+        setter(self, "uncached", uncached)
 
 
 def headroom(limit: int, usage: int, inactive_file: int) -> int:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import Callable, Optional
 
 from . import discovery, hostmem, snapshot, tree
+from .frozen import replace
 from .hostmem import HostMemory
 from .loop import LOOP, Presence, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription

@@ -10,28 +10,39 @@ have their usage and memory.stat descriptors opened at once (the hot path reads 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from . import discovery, names, values
 from .files import read_file, under_root
+from .frozen import Frozen, replace, setter
 from .kept import KeptDir, kept_dir
 from .names import FileNames
 
 
-@dataclass(frozen=True)
-class Level:
+class Level(Frozen):
     """One directory on the path; `limit` None means no hard limit at this level."""
 
+    __slots__ = _fields = ("cgroup_path", "directory", "limit", "problem", "kept", "hidden")
+    _compared = ("cgroup_path", "directory", "limit", "problem", "hidden")  # not `kept`
     cgroup_path: str
     directory: str
     limit: Optional[int]
-    problem: Optional[str] = None  # why the limit could not be read, if so
-    kept: Optional[KeptDir] = field(default=None, compare=False, repr=False)
+    problem: Optional[str]  # why the limit could not be read, if so
+    kept: Optional[KeptDir]
     # A v1 limit above the visible hierarchy, known only from the top visible level's
     # memory.stat; `directory` and `kept` are that top level's (its usage is a floor of the
     # hidden level's, so the headroom computed from it is an upper bound).
-    hidden: bool = False
+    hidden: bool
+
+    def __init__(self, cgroup_path: str, directory: str, limit: Optional[int],
+                 problem: Optional[str] = None, kept: Optional[KeptDir] = None,
+                 hidden: bool = False) -> None:
+        setter(self, "cgroup_path", cgroup_path)
+        setter(self, "directory", directory)
+        setter(self, "limit", limit)
+        setter(self, "problem", problem)
+        setter(self, "kept", kept)
+        setter(self, "hidden", hidden)
 
     def read(self, name: str) -> bytes:
         """A file of this level through the process's kept descriptor (raises OSError)."""
