@@ -9,7 +9,6 @@ read when a cgroup level is certainly tighter than the host (see
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
@@ -18,8 +17,7 @@ from typing import Any, Callable, Optional
 from . import names, values
 from .files import read_fd, read_file, under_root
 from .kept import KeptDir, kept_dir
-
-log = logging.getLogger("cgwatch")
+from .logs import log
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

@@ -17,7 +17,6 @@ queries keep the cache exact themselves (monitor.py).
 from __future__ import annotations
 
 import heapq
-import logging
 import os
 import select
 import threading
@@ -27,8 +26,7 @@ from collections import deque
 from typing import Any, Callable, Optional, Union
 
 from .files import close_quietly
-
-log = logging.getLogger("cgwatch")
+from .logs import log
 
 FdCallback = Callable[[int, int], None]  # (fd, poll events)
 Callback = Callable[[], None]

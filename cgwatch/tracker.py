@@ -16,7 +16,6 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Callable, Optional
@@ -24,6 +23,7 @@ from typing import Callable, Optional
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
 from .hostmem import HostMemory
+from .logs import log
 from .loop import LOOP, Presence, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
 from .snapshot import HOST, POLLING, WATCHING, Snapshot
@@ -31,8 +31,6 @@ from .tree import Level, ProcCgroup
 from .watcher import Change as WatchChange
 from .watcher import Target, TargetGone, WatchUnavailable
 from .watching import LevelWatch, level_removed, watch_targets
-
-log = logging.getLogger("cgwatch")
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
 REPORTED_MAX = 100  # distinct problems logged per monitor
