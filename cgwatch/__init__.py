@@ -11,7 +11,6 @@ Both never raise. `cgwatch.Monitor` gives a private monitor, its levels and stat
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Optional
 
 from .monitor import (
     HOST,
@@ -25,7 +24,10 @@ from .monitor import (
     Subscription,
 )
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Optional
+
     from .alerts import HeadroomAlert, Threshold
     from .event import Event
     from .events import Events

@@ -6,10 +6,12 @@ inputs (tests/test_discovery.py). The I/O layer (tree.py) feeds them the files' 
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
-
 from . import values
 from .frozen import Frozen, setter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional, Union
 
 
 class CgroupLine(Frozen):
@@ -76,7 +78,8 @@ class Unresolved(Frozen):
         setter(self, "transient", transient)
 
 
-Resolution = Union[Resolved, Unresolved]
+if TYPE_CHECKING:
+    Resolution = Union[Resolved, Unresolved]
 
 # The kernel escapes only space, tab, newline and backslash in mountinfo paths
 # (fs/proc_namespace.c show_mountinfo() calls seq_path_root() with " \\t\\n\\\\"). Any other

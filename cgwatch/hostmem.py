@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Any, Callable, Optional
 
 from . import names, values
 from .files import read_fd, read_file, under_root
 from .kept import KeptDir, kept_dir
 from .logs import log
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

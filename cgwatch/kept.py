@@ -18,9 +18,12 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Optional
 
 from .files import KEPT_READ_LIMIT, close_quietly, open_regular, read_fd
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class KeptDir:

@@ -23,14 +23,17 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Optional, Union
 
 from .files import close_quietly
 from .logs import log
 
-FdCallback = Callable[[int, int], None]  # (fd, poll events)
-Callback = Callable[[], None]
-_Ref = Union["weakref.WeakMethod[Any]", Callable[[], Any]]
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Optional, Union
+
+    FdCallback = Callable[[int, int], None]  # (fd, poll events)
+    Callback = Callable[[], None]
+    _Ref = Union["weakref.WeakMethod[Any]", Callable[[], Any]]
 
 
 def _weak(callback: Callable[..., Any]) -> _Ref:

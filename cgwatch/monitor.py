@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Callable, Optional
 
 from . import values
 from .files import READ_SIZE
@@ -26,7 +24,6 @@ from .snapshot import (
     POLLING,
     WATCHING,
     LevelInfo,
-    LimitedLevel,
     Snapshot,
     Status,
     headroom,
@@ -34,6 +31,13 @@ from .snapshot import (
     uncached_available,
 )
 from .tracker import Tracker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Callable, Optional
+
+    from .snapshot import LimitedLevel
 
 __all__ = ["HOST", "POLLING", "WATCHING", "Change", "Layout", "LevelInfo", "Monitor",
            "Status", "Subscription", "headroom"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .frozen import Frozen, setter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
 
 PROC_CGROUP = "/proc/self/cgroup"
 PROC_MOUNTINFO = "/proc/self/mountinfo"

@@ -7,14 +7,19 @@ new one, never a mix.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 from . import discovery, names, values
 from .frozen import Frozen, replace, setter
 from .hostmem import HostMemory
 from .names import FileNames
 from .tree import Level
 from .units import human_bytes
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+    # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
+    LimitedLevel = tuple[Optional[int], int, int, int, bytes]
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
 POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
@@ -100,10 +105,6 @@ class LevelInfo(Frozen):
         setter(self, "swap_limit", swap_limit)
         setter(self, "swap_usage", swap_usage)
         setter(self, "hidden", hidden)
-
-
-# (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
-LimitedLevel = tuple[Optional[int], int, int, int, bytes]
 
 
 class Snapshot(Frozen):

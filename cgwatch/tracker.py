@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
 
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
@@ -31,6 +30,10 @@ from .tree import Level, ProcCgroup
 from .watcher import Change as WatchChange
 from .watcher import Target, TargetGone, WatchUnavailable
 from .watching import LevelWatch, level_removed, watch_targets
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
 REPORTED_MAX = 100  # distinct problems logged per monitor

@@ -10,13 +10,16 @@ have their usage and memory.stat descriptors opened at once (the hot path reads 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
 
 from . import discovery, names, values
 from .files import read_file, under_root
 from .frozen import Frozen, replace, setter
 from .kept import KeptDir, kept_dir
 from .names import FileNames
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 
 class Level(Frozen):

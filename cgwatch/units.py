@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 

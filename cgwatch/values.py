@@ -6,14 +6,18 @@ ValueError on input it cannot trust, so the caller can fall back and say why.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Union
+
+    Text = Union[str, bytes]
+
 
 # v1 writes "unlimited" as PAGE_COUNTER_MAX pages, i.e. 2^63-1 rounded down to the page size
 # (9223372036854771712 with 4 KiB pages; other page sizes give other numbers). Anything this
 # large cannot be a real limit, so treat it as none.
 V1_UNLIMITED_THRESHOLD = 1 << 62
 
-Text = Union[str, bytes]
 
 # What the kernel pads numbers with (a trailing newline); str.strip() would also take Unicode
 # spaces and the \x1c-\x1f separators, which no kernel file holds.
@@ -65,7 +69,6 @@ def parse_flat_keyed(data: Text) -> dict[str, int]:
         if key and is_number(value):
             result[key] = int(value)
     return result
-
 
 
 def find_stat_value(data: bytes, key: bytes) -> int:

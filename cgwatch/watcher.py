@@ -16,8 +16,13 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Sequence
-from typing import Any, Callable, NamedTuple, Optional
+
+from .frozen import Frozen, setter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, Callable, Optional
 
 # <sys/inotify.h>: the kernel's values (include/uapi/linux/inotify.h), the same on every
 # architecture. IN_CLOEXEC and IN_NONBLOCK are defined as O_CLOEXEC and O_NONBLOCK, which
@@ -46,18 +51,33 @@ MASKS = {
 }
 
 
-class Target(NamedTuple):
+class Target(Frozen):
     """What to watch and what it means to the monitor."""
 
+    __slots__ = _fields = ("path", "kind", "level_index")
     path: str
     kind: str  # "limit", "dir" or "files" (asked for by a subscriber)
     level_index: int  # which level (0 = the process's own cgroup)
 
+    def __init__(self, path: str, kind: str, level_index: int) -> None:
+        setter(self, "path", path)
+        setter(self, "kind", kind)
+        setter(self, "level_index", level_index)
 
-class Change(NamedTuple):
+
+class Change(Frozen):
+    """An event on a target: its inotify mask, and the name of the child it concerns ("" for
+    the target itself)."""
+
+    __slots__ = _fields = ("target", "mask", "name")
     target: Target
     mask: int
     name: str
+
+    def __init__(self, target: Target, mask: int, name: str) -> None:
+        setter(self, "target", target)
+        setter(self, "mask", mask)
+        setter(self, "name", name)
 
 
 class WatchUnavailable(Exception):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 import select
-from collections.abc import Iterable, Sequence
-from typing import Callable, Optional
 
 from .names import FileNames
 from .seam import Layout, Subscription
 from .watcher import Change, Target, Watcher, WatchUnavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Callable, Optional
 
 
 def watch_targets(layout: Layout, subscriptions: Iterable[Subscription]) -> list[Target]:
