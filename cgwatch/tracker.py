@@ -16,8 +16,10 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
@@ -76,6 +78,7 @@ class Tracker:
         at_fork_in_child(self._after_fork_in_child)
         with self.lock:
             self._start()
+        _at_exit(self)
 
     # ---- what queries call ---------------------------------------------------------------
 
@@ -170,6 +173,21 @@ class Tracker:
             self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
                                                      time.monotonic())
             self.due = 0.0
+
+    def release_at_exit(self) -> None:
+        """Interpreter shutdown (atexit): remove every inotify watch now and answer by polling
+        until the end, never watching again. The kernel releases watches only after an SRCU
+        grace period (fsnotify): left to the instance's close at the process's exit, that
+        wait delayed every exit by 0-15 ms (6.18); removed here, they are released while the
+        rest of the shutdown runs, and the close finds none."""
+        with self.lock:
+            if self.closed or not self._watch.active:
+                return
+            self.use_inotify = False
+            self._watch_problem = "interpreter shutting down"
+            self._presence.set_fd(-1)
+            self._watch.release_at_exit()
+            self._republish()
 
     def _after_fork_in_child(self) -> None:
         """In a fork child: the loop thread did not survive and the inotify instance is the
@@ -457,3 +475,24 @@ class Tracker:
             self.snap.host.refresh_bound()
             self._attach_loop()
             self._set_due()
+
+
+# Every live tracker, for the one atexit hook (registered with the first tracker).
+_live: weakref.WeakSet[Tracker] = weakref.WeakSet()
+_hooked = False
+
+
+def _at_exit(tracker: Tracker) -> None:
+    global _hooked
+    _live.add(tracker)
+    if not _hooked:
+        _hooked = True
+        atexit.register(_release_all_at_exit)
+
+
+def _release_all_at_exit() -> None:
+    for tracker in list(_live):
+        try:
+            tracker.release_at_exit()
+        except Exception:  # noqa: BLE001 - the shutdown goes on whatever happens
+            pass

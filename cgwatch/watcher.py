@@ -251,6 +251,16 @@ class Watcher:
             changes.append(Change(target, mask, name))
         return changes, rebuild
 
+    def drop_watches(self) -> None:
+        """Remove every watch, keeping the descriptor open (Tracker.release_at_exit says
+        why); events of the removed watches are ignored from now on."""
+        targets, self._targets = self._targets, {}
+        for wd in targets:
+            try:
+                rm_watch(self._fd, wd)
+            except OSError:
+                pass
+
     def close(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:

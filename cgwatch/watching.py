@@ -56,6 +56,11 @@ def level_removed(changes: Sequence[Change], layout: Layout) -> bool:
                for c in changes)
 
 
+# Watchers whose watches were dropped at interpreter shutdown, kept from closing until the
+# module itself is torn down (Tracker.release_at_exit).
+_released: list[Watcher] = []
+
+
 class LevelWatch:
     """The inotify instance of one monitor and the epoll that queries poll."""
 
@@ -106,6 +111,16 @@ class LevelWatch:
             self.watcher = None
         # Not closed here: a query may still hold the snapshot whose `pending` is its poll();
         # it closes when the last such snapshot is dropped (and watches nothing meanwhile).
+        self._epoll = None
+
+    def release_at_exit(self) -> None:
+        """Interpreter shutdown: drop the watches now and stop watching, but leave the
+        descriptor open until the shutdown's end (`_released`; the kernel closes it at exit
+        if nothing does before)."""
+        if self.watcher is not None:
+            self.watcher.drop_watches()
+            _released.append(self.watcher)
+            self.watcher = None
         self._epoll = None
 
     def forget_after_fork(self) -> None:
