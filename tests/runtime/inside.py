@@ -167,16 +167,37 @@ def events_step(monitor: Any, own: str, version: int) -> dict[str, Any]:
     from cgwatch import Events
 
     with Events(monitor) as events:
+        # An alert arms the alert notifications (v1 usage eventfds, v2 a PSI trigger) on the
+        # loop thread, in the same turn that checks it: at 99% of total_memory() it fires at
+        # once, so once it has come, the mechanisms say what the arming met.
+        events.alert_below("99%")
+        first = events.get(timeout=60)
         mechanisms = events.mechanisms()
     got: dict[str, Any] = {"mechanisms": mechanisms, "mode": monitor.status.mode,
-                           "reason": monitor.status.reason}
-    if version == 1:
-        # Independent of cgwatch: can this process register a v1 eventfd at all?
-        try:
-            os.close(os.open(os.path.join(own, "cgroup.event_control"), os.O_WRONLY))
-            got["event_control"] = "writable"
-        except OSError as e:
-            got["event_control"] = errno.errorcode.get(e.errno or 0, str(e.errno))
+                           "reason": monitor.status.reason,
+                           "first_item": type(first).__name__}
+    # Independent of cgwatch: can this process open what registration writes to? (v1: an
+    # eventfd through cgroup.event_control; v2: a PSI trigger written to memory.pressure)
+    name, flags = (("memory.pressure", os.O_RDWR) if version == 2 else
+                   ("cgroup.event_control", os.O_WRONLY))
+    try:
+        os.close(os.open(os.path.join(own, name), flags))
+        got["registration_file"] = "writable"
+    except OSError as e:
+        got["registration_file"] = errno.errorcode.get(e.errno or 0, str(e.errno))
+    if version == 2 and got["registration_file"] == "writable":
+        # and can it write a PSI trigger there itself? (the kernel checks CAP_SYS_RESOURCE,
+        # which Docker's default capabilities lack; 6.5+ lets others use 2 s windows)
+        got["psi_write"] = {}
+        for trigger in ("some 100000 1000000", "some 200000 2000000"):
+            fd = os.open(os.path.join(own, "memory.pressure"), os.O_RDWR | os.O_NONBLOCK)
+            try:
+                os.write(fd, trigger.encode() + b"\0")
+                got["psi_write"][trigger] = "ok"
+            except OSError as e:
+                got["psi_write"][trigger] = errno.errorcode.get(e.errno or 0, str(e.errno))
+            finally:
+                os.close(fd)
     return got
 
 

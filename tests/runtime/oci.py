@@ -28,7 +28,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
 from tests.cgroup_helpers import PROJECT, MiB, Tree, read
 
@@ -49,6 +49,12 @@ NS_SCRIPT = (
     "rmdir \"$t\"\n"
     'exec "$@"\n'
 )
+
+
+# Checks of what this process made (each returns what of it is still there): the session's
+# end (tests/runtime/conftest.py) fails the run if any is left. Only this process's own
+# things, so a runtime test running at the same time elsewhere cannot be taken for a leak.
+MADE: list[Callable[[], list[str]]] = []
 
 
 def runtimes(version: int) -> list[str]:
@@ -200,6 +206,7 @@ class Container:
     stderr_file: Optional[IO[str]] = None
 
     def start(self, plan: dict[str, Any]) -> None:
+        MADE.append(self.left_behind)
         self.bundle = tempfile.mkdtemp(prefix="cgwatch-bundle-")
         _make_rootfs(os.path.join(self.bundle, "rootfs"))
         self.cgroup = os.path.join(self.parent, "ctr")
@@ -254,6 +261,13 @@ class Container:
         assert "result" in got, got
         result: dict[str, Any] = got["result"]
         return result
+
+    def left_behind(self) -> list[str]:
+        listing = runtime_call(self.runtime, self.version, "list", "-q", check=False,
+                               timeout=60)
+        left = [f"{self.runtime} container {self.id}"] if self.id in listing.stdout.split() \
+            else []
+        return left + [p for p in (self.bundle, self.cgroup) if p and os.path.exists(p)]
 
     def close(self) -> None:
         """Kill and delete the container, remove its cgroups and its bundle: whatever
@@ -311,4 +325,4 @@ def _remove_bundle(bundle: str) -> None:
     shutil.rmtree(bundle, ignore_errors=True)
 
 
-__all__ = ["GiB", "MiB", "Container", "Shape", "missing_reason", "runtime_call", "runtimes"]
+__all__ = ["MADE", "GiB", "MiB", "Container", "Shape", "missing_reason", "runtime_call", "runtimes"]

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.cgroup_helpers import cgroup_tree, real_kernel_marks, writable_reason
-from tests.runtime.oci import Container, GiB, Shape, missing_reason
+from tests.runtime.oci import MADE, Container, GiB, Shape, missing_reason
 
 pytestmark = real_kernel_marks()
 
@@ -50,6 +50,13 @@ def lxcfs() -> Iterator[str]:
     log = open(os.path.join(top, "log"), "w+")  # noqa: SIM115 (closed in the finally)
     proc = subprocess.Popen(["lxcfs", "-f", "-p", os.path.join(top, "pid"), mount_point],
                             stdout=log, stderr=subprocess.STDOUT)
+
+    def left_behind() -> list[str]:
+        left = [f"lxcfs process {proc.pid}"] if proc.poll() is None else []
+        left += [f"lxcfs mount {mount_point}"] if mounted(mount_point) else []
+        return left + ([top] if os.path.exists(top) else [])
+
+    MADE.append(left_behind)
     try:
         deadline = time.monotonic() + 20
         while not os.path.exists(os.path.join(mount_point, "proc", "meminfo")):
