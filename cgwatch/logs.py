@@ -43,8 +43,8 @@ class LazyLogger:
 
     def exception(self, msg: str, *args: object) -> None:
         """Only inside an `except` block, as logging's own (the traceback is the one being
-        handled)."""
-        self.logger().exception(msg, *args, stacklevel=2)
+        handled). As Logger.exception, without its extra frame: on 3.9 stacklevel counts it."""
+        self.logger().error(msg, *args, exc_info=True, stacklevel=2)
 
 
 log = LazyLogger()
