@@ -8,11 +8,14 @@ cgroup is placed below the test's own memory cgroup (`linux.cgroupsPath`), so no
 outside the subtree the tests own, and everything is removed again (`Container.close`, called
 from a `finally`).
 
-cgroup v1 (this host): Debian's runc 1.1.5 refuses to run without a v1 `devices` hierarchy
-("mountpoint for devices not found") and would create cgroups in every hierarchy it finds,
-outside our own memory cgroup. crun 1.8.1 creates them in the hierarchies mounted under
-/sys/fs/cgroup: every runtime command is therefore run in a private mount namespace whose
-/sys/fs/cgroup is a tmpfs holding only the memory hierarchy (`runtime_argv`). cgroup v2 (the
+cgroup v1 (this host): Debian's runc 1.1.5 creates the container's cgroup in every v1
+hierarchy it needs (cpuset, devices, ...), outside the memory cgroup the tests own: with the
+host's hierarchies it would write there, and shown the memory hierarchy alone it stops
+("unable to apply cgroup configuration: mkdir /sys/fs/cgroup/cpuset/...: no such file or
+directory"; "mountpoint for devices not found" in other setups). crun 1.8.1 creates cgroups
+only in the hierarchies mounted under /sys/fs/cgroup: every runtime command is therefore run
+in a private mount namespace whose /sys/fs/cgroup is a tmpfs holding only the memory
+hierarchy (`runtime_argv`), and the tier runs crun alone on v1. cgroup v2 (the
 VM): runc with its cgroupfs driver and crun, no wrapper.
 """
 

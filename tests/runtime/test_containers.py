@@ -1,15 +1,16 @@
 """Real OCI containers (Debian's runc and crun) with cgwatch inside, held against the kernel.
 
 Each container runs one Python process (tests/runtime/inside.py) that performs every case of
-its shape and prints one JSON result; the tests below check parts of that result. A boot is
-cheap here (~0.3 s) but ~15-30 s under the VM's emulation, hence one process per container.
+its shape and prints one JSON result; the tests below check parts of that result. A container
+costs ~0.5 s here but ~10-15 s under the VM's emulation (runc's start alone is several
+seconds of emulated Go), hence one process per container and four containers in the VM.
 
 Shapes: with and without a private cgroup namespace, the cgroup file system read-only
 (Docker's default) or read-write, a 1 GiB limit, the container's cgroup under the test's own
-memory cgroup. On cgroup v1 (this host) crun alone (runc 1.1 needs the v1 devices hierarchy:
-tests/runtime/oci.py); on cgroup v2 (the VM, `tests/vm/run` with VM_MEM=2G so that 1 GiB is
-below guest RAM) runc with the cgroupfs driver and crun, two shapes each, so that every runtime
-sees both namespace modes and both mount modes.
+memory cgroup. On cgroup v1 (this host) crun alone (runc 1.1.5 insists on v1 hierarchies
+outside our memory cgroup: tests/runtime/oci.py); on cgroup v2 (the VM, `tests/vm/run` with
+VM_MEM=2G so that 1 GiB is below guest RAM) runc with the cgroupfs driver and crun, two
+shapes each, so that every runtime sees both namespace modes and both mount modes.
 
 Cases inside:
   A  the container's own limit binds (total, the marked level, available against
@@ -108,13 +109,13 @@ class Ran(NamedTuple):
 
 
 def plan(case: Case, version: int) -> dict[str, Any]:
-    steps: list[dict[str, Any]] = [{"op": "own"}, {"op": "events"}]
+    # `show` (the cgwatch command's JSON and table) while the container has its 1 GiB
+    steps: list[dict[str, Any]] = [{"op": "own"}, {"op": "show"}, {"op": "events"}]
     if v1_hidden(case):
-        return {"version": version, "steps": [*steps, {"op": "show"}]}
+        return {"version": version, "steps": steps}
     if not case.shape.cgroup_ro:
         steps.append({"op": "children"})
-    steps += [{"op": "update", "to": OOM_LIMIT, "timeout": SEEN_WITHIN}, {"op": "oom"},
-              {"op": "show"}]
+    steps += [{"op": "update", "to": OOM_LIMIT, "timeout": SEEN_WITHIN}, {"op": "oom"}]
     return {"version": version, "steps": steps}
 
 
