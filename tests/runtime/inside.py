@@ -102,7 +102,8 @@ def spawn_probe(directory: str, dirs: list[str], version: int) -> dict[str, Any]
                            json.dumps({"dirs": dirs, "version": version})],
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
-        raise RuntimeError(f"probe in {directory} failed: {proc.stderr}")
+        raise RuntimeError(f"probe in {directory} failed (status {proc.returncode}): "
+                           f"{proc.stderr} {proc.stdout}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
