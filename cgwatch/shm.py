@@ -10,23 +10,32 @@ cgroup of the process that first touched them (shmem in memory.stat).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
 
 from .files import under_root
+from .frozen import Frozen, setter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
 
 SHM_PATH = "/dev/shm"
 
 
-@dataclass(frozen=True)
-class ShmUsage:
+class ShmUsage(Frozen):
     """One statvfs of /dev/shm, in bytes (`available`: what an unprivileged writer may still
     use, f_bavail; tmpfs reserves nothing for root, so it is size - used there)."""
 
+    _fields = ("path", "size", "used", "available")
     path: str
     size: int
     used: int
     available: int
+
+    def __init__(self, path: str, size: int, used: int, available: int) -> None:
+        setter(self, "path", path)
+        setter(self, "size", size)
+        setter(self, "used", used)
+        setter(self, "available", available)
 
     @property
     def percent_used(self) -> float:
