@@ -172,7 +172,9 @@ def config(args: list[str], cgroups_path: str, shape: Shape) -> dict[str, Any]:
             "user": {"uid": 0, "gid": 0},
             "args": args,
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8",
-                    "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
+                    "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1",
+                    # a crash of a python inside says where (a traceback on stderr)
+                    "PYTHONFAULTHANDLER=1"],
             "cwd": "/tmp",
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
