@@ -93,11 +93,16 @@ def psi_trigger(directory: str, trigger: str) -> int:
     """A descriptor on v2 `memory.pressure` that gets POLLPRI when the trigger fires, e.g.
     `some 100000 1000000`: tasks of the cgroup stalled on memory for 100 ms within 1 s.
 
-    Without CAP_SYS_RESOURCE the kernel (6.5+) accepts only windows that are whole multiples
-    of 2 s: on EPERM the same stall share is tried again over such a window."""
+    Without CAP_SYS_RESOURCE the kernel (6.4+, and Debian's 6.1.0-57 backport) accepts only
+    windows that are whole multiples of 2 s and refuses others with EINVAL (seen in a crun
+    container without that capability; 2 s was accepted there); EPERM is kept for kernels
+    that refuse the unprivileged write outright. On either the same stall share is tried
+    again over such a window."""
     try:
         return _psi_trigger(directory, trigger)
-    except PermissionError:
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EINVAL):
+            raise
         wider = unprivileged_trigger(trigger)
         if wider is None or wider == trigger:
             raise

@@ -387,3 +387,38 @@ def test_open_regular_refuses_what_is_not_a_file(tmp_path: Any, kind: str) -> No
         os.mkdir(path)
     with pytest.raises(OSError, match=kind):  # O_NONBLOCK: a FIFO does not block the open
         files.open_regular(path)
+
+
+@pytest.mark.parametrize("refusal, widened", [
+    (errno.EINVAL, True),  # 6.4+ and Debian's 6.1.0-57 without CAP_SYS_RESOURCE
+    (errno.EPERM, True),
+    (errno.EBUSY, False),  # anything else is not about the window
+])
+def test_pressure_trigger_widens_a_window_the_unprivileged_may_not_use(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, refusal: int, widened: bool) -> None:
+    """The kernel's refusal of a 1 s window is replayed on a plain file: the first trigger
+    written is refused, the widened one (2 s, the same stall share) is what lands."""
+    from cgwatch import notify
+
+    pressure = os.path.join(str(tmp_path), "memory.pressure")
+    with open(pressure, "w"):
+        pass
+    written: list[bytes] = []
+    real_write = os.write
+
+    def kernel_write(fd: int, data: bytes) -> int:
+        written.append(data)
+        if data == b"some 100000 1000000\0":
+            raise OSError(refusal, os.strerror(refusal))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(notify.os, "write", kernel_write)
+    if widened:
+        fd = notify.psi_trigger(str(tmp_path), "some 100000 1000000")
+        os.close(fd)
+        assert written == [b"some 100000 1000000\0", b"some 200000 2000000\0"]
+    else:
+        with pytest.raises(OSError) as raised:
+            notify.psi_trigger(str(tmp_path), "some 100000 1000000")
+        assert raised.value.errno == refusal
+        assert written == [b"some 100000 1000000\0"]

@@ -345,13 +345,9 @@ def test_events_are_noticed_in_a_documented_way(case: Case, ran_cases: dict[str,
             # This process could write a trigger: seen with crun (no namespace) on 6.1, where
             # the 1 s window got EINVAL and the 2 s one was accepted (no CAP_SYS_RESOURCE:
             # psi_trigger_create() takes only whole 2 s windows from the unprivileged, with
-            # EINVAL, since 6.5 and in Debian's 6.1.x). cgwatch's notify.psi_trigger widens
-            # the window only on EPERM, so it falls back to the timer with that EINVAL: a
-            # documented mode, but PSI would work. Tighten to "PSI trigger" alone once
-            # notify.psi_trigger also widens on EINVAL.
-            assert alerts.startswith("PSI trigger") or (
-                alerts.startswith("checked every") and "Invalid argument" in alerts), \
-                json.dumps(ev)
+            # EINVAL, since 6.5 and in Debian's 6.1.x). notify.psi_trigger widens the window
+            # on that EINVAL, so cgwatch's alerts use PSI too.
+            assert alerts.startswith("PSI trigger"), json.dumps(ev)
         else:
             # The kernel refused this process's own writes too: seen with runc in a cgroup
             # namespace, where the limited level is the namespace root and nsdelegate
