@@ -28,6 +28,7 @@ from .snapshot import (
     Status,
     headroom,
     read_levels,
+    throttle_headroom,
     uncached_available,
 )
 from .tracker import Tracker
@@ -201,8 +202,7 @@ class Monitor:
         """Bytes before throttling starts: the least of high - working set over the levels
         with a v2 memory.high (None: no such level). A job over memory.high is not killed, but
         slowed hard by reclaim; size work by the smaller of this and available_memory()."""
-        rooms = [i.high_headroom for i in self.levels() if i.high_headroom is not None]
-        return max(0, min(rooms)) if rooms else None
+        return throttle_headroom(self.levels())
 
     def host_memory(self) -> tuple[int, int]:
         """(MemTotal, MemAvailable) of the host, bytes."""

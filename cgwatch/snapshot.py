@@ -16,6 +16,7 @@ from .units import human_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable, Optional
 
     # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
@@ -259,6 +260,13 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
             room_binder = None
         result.append(replace(info, binds_total=binds_total, binds_available=binds_available))
     return result
+
+
+def throttle_headroom(levels: Sequence[LevelInfo]) -> Optional[int]:
+    """The least of high - working set over the levels with a v2 memory.high, at least 0
+    (None: no such level)."""
+    rooms = [i.high_headroom for i in levels if i.high_headroom is not None]
+    return max(0, min(rooms)) if rooms else None
 
 
 def _optional_number(lvl: Level, name: str, version: int) -> Optional[int]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..monitor import Monitor
 from ..shm import shm_limits, shm_usage
+from ..snapshot import throttle_headroom
 from ..units import human_bytes
 
 LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least headroom"}
@@ -21,10 +22,13 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
     host_total, host_available = monitor.host_memory()
     available = monitor.available_memory()
     shm = shm_usage(root)
+    # One live read of the levels serves both: usage moves between two reads (in 256 KiB
+    # batches on v2, seen in the VM), and the table must agree with itself.
+    levels = monitor.levels()
     return {
         "total_memory": monitor.total_memory(),
         "available_memory": available,
-        "throttle_headroom": monitor.throttle_headroom(),
+        "throttle_headroom": throttle_headroom(levels),
         "dev_shm": None if shm is None else {**shm.as_dict(),
                                              "limits": shm_limits(shm, available)},
         "host": {"mem_total": host_total, "mem_available": host_available,
@@ -32,7 +36,7 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
         "status": {"mode": status.mode, "reason": status.reason, "version": status.version,
                    "cgroup_path": status.cgroup_path, "directory": status.directory,
                    "above": status.above},
-        "levels": [lvl.as_dict() for lvl in monitor.levels()],
+        "levels": [lvl.as_dict() for lvl in levels],
     }
 
 
