@@ -36,12 +36,14 @@ sys.exit(main(["run", "--", "timeout", "{seconds}", "sh", "-c",
 """
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A /proc/PID/status size in KiB: VmRSS, or RssAnon (the heap and other private
+    memory: what keeping every event grew; Linux 4.5+)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
 
 
 def main() -> None:

@@ -56,19 +56,30 @@ def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> Non
                                          scratch=scratch), stdout=subprocess.DEVNULL)
     try:
         time.sleep(warm)
-        before, hits_before = rss_kib(proc.pid), limit_hits(job, tree.version)
-        time.sleep(16)
-        after, hits_after = rss_kib(proc.pid), limit_hits(job, tree.version)
+        # RssAnon, not VmRSS: the job keeps the cgroup at its limit, so reclaim takes the
+        # watcher's mapped file pages (libraries, bytecode) and faults bring them back; a kept
+        # event is anonymous memory.
+        hits_before = limit_hits(job, tree.version)
+        samples = [rss_kib(proc.pid, "RssAnon")]
+        for _ in range(16):
+            time.sleep(1)
+            samples.append(rss_kib(proc.pid, "RssAnon"))
+        hits_after = limit_hits(job, tree.version)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
         if os.path.exists(scratch):
             os.unlink(scratch)
-    print(f"RSS {before} -> {after} KiB; limit hits {hits_before} -> {hits_after}",
-          file=sys.stderr)
+    steps = [b - a for a, b in zip(samples, samples[1:])]
+    print(f"RssAnon {samples[0]} -> {samples[-1]} KiB, by second {steps}; limit hits "
+          f"{hits_before} -> {hits_after}", file=sys.stderr)
     assert hits_after - hits_before > 100  # the job really lived at its limit
     assert proc.returncode == 124  # timeout's status: the job ran its time, nothing killed it
-    # Flat: keeping every event grew it ~230 KiB in these 16 s (~800 KiB a minute, measured
-    # with bench/cli_run_rss.py before the fix); the summary it keeps now, a few KiB.
-    assert after - before < 128, (before, after, hits_after - hits_before)
+    # Flat: keeping every event grew it ~230 KiB in these 16 s, second after second (~800 KiB
+    # a minute, measured with bench/cli_run_rss.py before the fix); the summary it keeps now,
+    # a few KiB. One step is left out: in the VM RssAnon rose once by 220-420 KiB within a
+    # second and stayed flat after (a new high-water mark of the allocator's pools when the
+    # emulated CPU lets a burst of scans pile up; seen with the code before and after the
+    # start-up work alike), which is not growth. Growth outside it stays the 128 KiB bound.
+    assert sum(steps) - max(steps) < 128, (samples, hits_after - hits_before)
