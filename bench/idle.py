@@ -142,7 +142,7 @@ print(json.dumps(out))
 
 # What cgwatch imports from elsewhere: a real application (DeepSpeed, a server) has most of it
 # loaded already, so cgwatch's own share is measured with these imported first.
-DEPENDENCIES = "psutil, inotify_simple, logging, dataclasses, threading, select, weakref"
+DEPENDENCIES = "threading, select, weakref, heapq, collections, functools, struct, ctypes"
 
 
 def _child(module: str, start: bool, package_parent: str, pre: str = "os") -> dict[str, float]:
