@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
@@ -63,6 +63,16 @@ def real_kernel_marks() -> list[pytest.MarkDecorator]:
 
 def limit_file(version: int) -> str:
     return "memory.max" if version == 2 else "memory.limit_in_bytes"
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (checked every 5 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
 
 
 def write(path: str, value: str) -> None:

@@ -8,13 +8,13 @@ import logging
 import os
 import threading
 import time
-from typing import Callable
 
 import psutil
 import pytest
 
 import cgwatch
 from cgwatch import HOST, POLLING, WATCHING, Monitor, watcher
+from tests.cgroup_helpers import wait_for
 from tests.fake_tree import FakeHost, GiB, MiB
 
 
@@ -22,15 +22,6 @@ def start(made: list[Monitor], host: FakeHost, **kwargs: object) -> Monitor:
     m = Monitor(host.root, **kwargs)  # type: ignore[arg-type]
     made.append(m)
     return m
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_smallest_limit_on_the_path_wins(host: FakeHost, opened: list[Monitor]) -> None:

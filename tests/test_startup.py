@@ -22,6 +22,7 @@ from cgwatch.frozen import replace
 from cgwatch.logs import LazyLogger
 from cgwatch.snapshot import LevelInfo, Status
 from cgwatch.tree import Level
+from tests.cgroup_helpers import wait_for
 from tests.fake_tree import FakeHost, GiB
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,15 +32,6 @@ def run_child(code: str) -> str:
     env = {**os.environ, "PYTHONPATH": PROJECT}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=60, check=True, env=env, cwd="/").stdout
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 # ---- what a fresh interpreter loads -------------------------------------------------------
