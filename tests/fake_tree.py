@@ -37,11 +37,17 @@ class FakeHost:
     def write(self, absolute: str, text: str) -> None:
         path = self.path(absolute)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        # One write(2) on the existing inode, as the kernel's files behave, so inotify watches
-        # on it stay valid.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # On the existing inode, as the kernel's files behave, so inotify watches and kept
+        # descriptors on it stay valid. Written over the old text and then cut to length, not
+        # truncated first: a monitor thread reading between O_TRUNC and the write sees an empty
+        # memory.stat and answers limit - usage, a torn state no kernel file shows (the likely
+        # cause of one failure of the v1 headroom-alert test, whose 84 MiB would then be 74).
+        # A shorter text can still show the old tail for the instant before the cut.
+        data = text.encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.write(fd, text.encode())
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
 
