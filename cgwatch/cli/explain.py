@@ -72,9 +72,10 @@ def find_culprit(events: Sequence[Event], above: Optional[Above] = None,
        a propagated repeat): the OOM happened at that level (mm/memcontrol.c raises MEMCG_OOM
        at the memcg over its limit; only memory.events propagates it upwards).
     2. v1: OOM notifications (cgroup.event_control) reach the memcg that ran out *and every
-       cgroup below it* (mem_cgroup_oom_notify walks the subtree; seen on 5.10 and 6.1), so
-       the highest notified level is where it ran out; except when that is the top visible
-       level, its failcnt did not rise and a limit lies above: then the OOM was above.
+       cgroup below it* (mem_cgroup_oom_notify walks the subtree; seen on 6.18 with a
+       hidden parent), so the highest notified level is where it ran out; except when that
+       is the top visible level, its failcnt did not rise and a limit lies above: then the
+       OOM was above.
     3. a rise of `max` (v2) / `failcnt` (v1: counted at the level whose charge failed): the
        deepest such limited level; certain only when it is the one level that rose.
     4. nothing on the visible path reached a limit (the counters would show it; the smallest
@@ -150,10 +151,10 @@ def explain(report: Report) -> str:
                        f"fewer worker processes). A memory limit on this job below the "
                        f"host's RAM (docker run --memory, systemd MemoryMax=) keeps such a "
                        f"shortage inside the job, where it is reported.")
-        return "\n".join("cgwatch: " + line for line in lines)
+        return _prefixed(lines)
     if c.kind == "above":
         lines += _above_lines(report, c, kills_line)
-        return "\n".join("cgwatch: " + line for line in lines)
+        return _prefixed(lines)
     peak = (f"{human_bytes(report.peak)} ({report.peak_file})" if report.peak is not None
             else "not reported by this kernel")
     lines += [
@@ -168,7 +169,7 @@ def explain(report: Report) -> str:
                    f"Kubernetes resources.limits.memory, systemd MemoryMax=) or make {cmd} "
                    "use less memory (smaller batches, fewer worker processes); a program can "
                    "call cgwatch.available_memory() to learn how much it may still allocate.")
-    return "\n".join("cgwatch: " + line for line in lines)
+    return _prefixed(lines)
 
 
 def _above_lines(report: Report, c: Culprit, kills_line: str) -> list[str]:
@@ -230,6 +231,10 @@ def explain_shm(cmd: str, status: int, sig: Optional[int], peak: Optional[ShmUsa
                    "Kubernetes: an emptyDir with medium: Memory and a sizeLimit, mounted at "
                    "/dev/shm) or make it use less shared memory (PyTorch DataLoader: fewer "
                    "num_workers, smaller batches, a smaller prefetch_factor).")
+    return _prefixed(lines)
+
+
+def _prefixed(lines: list[str]) -> str:
     return "\n".join("cgwatch: " + line for line in lines)
 
 
