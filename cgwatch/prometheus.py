@@ -8,8 +8,8 @@ and reads each level's counter files once through the process's kept descriptors
 (`Monitor.layout()`, `Level.read`). A file that cannot be read leaves its samples out of that
 scrape and is logged once (logger `cgwatch`); a scrape never raises.
 
-Metric names and labels are a contract (README, "Operators"): base units, `_total` for the
-kernel's counters, label `cgroup` = the path inside the hierarchy.
+Metric names and labels are a contract (docs/prometheus.md, "Metrics"): base units, `_total`
+for the kernel's counters, label `cgroup` = the path inside the hierarchy.
 """
 
 from __future__ import annotations
