@@ -442,6 +442,10 @@ SWITCH_CHILD = ISOLATED + textwrap.dedent("""
 """)
 
 
+# What the .pth line loads by path when a switch is on (switches._BOOT).
+HOOK_FILES = ["cgwatch.envswitch", "cgwatch.integrations._autoload"]
+
+
 @pytest.fixture
 def site_dir(tmp_path: Path) -> Path:
     (tmp_path / "site").mkdir()
@@ -489,11 +493,12 @@ def test_switch_off_loads_nothing(site_dir: Path, value: str) -> None:
 
 def test_switch_on_defers_everything_to_the_first_call(site_dir: Path) -> None:
     r = result(run_python(SWITCH_CHILD, child_env(site_dir, CGWATCH_PSUTIL="1"), "-S"))
-    # At start only the hook itself, no cgwatch package, psutil, torch or DeepSpeed.
-    assert r["at_start"] == ["cgwatch.integrations._autoload"] and r["hooks"] == 1
+    # At start only the hook's two stdlib-only files, no cgwatch package, psutil, torch or
+    # DeepSpeed.
+    assert r["at_start"] == HOOK_FILES and r["hooks"] == 1
     # `import psutil` alone still imports no cgwatch.
     assert not [m for m in r["after_import"] if m.split(".")[0] == "cgwatch"
-                and m != "cgwatch.integrations._autoload"]
+                and m not in HOOK_FILES]
     assert r["patched"]
     assert r["total"] == r["early_total"] == r["cgwatch_total"]  # also `from psutil import`
     assert r["hooks_left"] == 0  # the finder left sys.meta_path once psutil had loaded
