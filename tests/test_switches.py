@@ -84,17 +84,18 @@ ADAPTER = textwrap.dedent("""
 """)
 CHILD = textwrap.dedent("""
     import json, sys
-    from cgwatch.integrations import _autoload
-    _autoload.register("toy", "CGWATCH_TOY", "toyframework", "toyadapter:on_import")
+    from cgwatch import testdoor
+    # The adapter's one row (integrations/_autoload.py's register() line).
+    testdoor.register_hook("toy", "CGWATCH_TOY", "toyframework", "toyadapter:on_import")
     finders = lambda: sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path)
-    _autoload.arm({"CGWATCH_TOY": sys.argv[1]})
-    armed = [_autoload.status["toy"], finders()]
+    testdoor.arm_hooks({"CGWATCH_TOY": sys.argv[1]})  # what the .pth line calls
+    armed = [testdoor.hook_status["toy"], finders()]
     loaded_early = "toyadapter" in sys.modules
     import toyframework
     print("RESULT " + json.dumps(dict(
         armed=armed, loaded_early=loaded_early, value=toyframework.value,
-        status=_autoload.status["toy"], finders_left=finders(),
-        again=_autoload.arm_hook("toy"))))
+        status=testdoor.hook_status["toy"], finders_left=finders(),
+        again=testdoor.arm_hook("toy"))))  # what enable_autoload() calls
 """)
 
 
