@@ -10,12 +10,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import NamedTuple, Optional
 
 import pytest
 
 from cgwatch import Monitor
 from cgwatch.envswitch import parse_switch, switch_off, switch_on
+from cgwatch.integrations import switches
 from tests.fake_tree import FakeHost, GiB
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +56,17 @@ def test_parse_switch(row: Row) -> None:
     # default is on (CGWATCH_THREAD) is off only when said so.
     assert switch_on("CGWATCH_X", env) is (row.want is True)
     assert switch_off("CGWATCH_X", env) is (row.want is False)
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_the_pth_line_reads_a_switch_as_envswitch_does(row: Row) -> None:
+    """The .pth line inlines the test (no import while every switch is off): it must agree."""
+    line = switches.pth_line()
+    assert line.startswith("import os; ") and " and exec(" in line
+    on = line[len("import os; "):line.index(" and exec(")]
+    for var in (switches.PSUTIL_VAR, switches.DEEPSPEED_VAR):
+        env = {} if row.value is None else {var: row.value}
+        assert eval(on, {"os": SimpleNamespace(environ=env)}) is (row.want is True)
 
 
 @pytest.mark.parametrize(("value", "thread"), [
