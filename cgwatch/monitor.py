@@ -16,6 +16,7 @@ import os
 import time
 
 from . import values
+from .envswitch import switch_off
 from .files import READ_SIZE
 from .frozen import replace
 from .seam import Change, Layout, Subscription
@@ -49,9 +50,8 @@ _monotonic = time.monotonic
 
 def _thread_default() -> bool:
     """CGWATCH_THREAD=0 makes monitors thread-free by default (for code you cannot edit that
-    forks a lot: DataLoader workers, fork pools)."""
-    return os.environ.get("CGWATCH_THREAD", "1").strip().lower() not in ("0", "no", "false",
-                                                                         "off")
+    forks a lot: DataLoader workers, fork pools); `envswitch` spells on and off."""
+    return not switch_off("CGWATCH_THREAD", os.environ)
 
 
 class Monitor:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import writable_reason
 from tests.fake_tree import FakeHost
 
@@ -16,7 +17,7 @@ from tests.fake_tree import FakeHost
 def pytest_sessionstart(session: pytest.Session) -> None:
     # scripts/test sets this when running as root on Linux: there the real-kernel tests must
     # run, so "cgroups not writable" means something is broken, not that they may be skipped.
-    if os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
         reason = writable_reason()
         if reason:
             raise pytest.UsageError(f"CGWATCH_REQUIRE_REAL=1 but real cgroups unusable: {reason}")

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from bench.cli_run_rss import DRIVER, rss_kib
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     PROJECT,
     MiB,
@@ -51,7 +52,7 @@ def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> Non
     job = tree.make("job", limit=48 * MiB)  # the driver's job rewrites a 128 MiB file
     # Past start-up (imports, the baseline) before the first sample: the VM tier emulates the
     # CPU (~30x slower), and 3 s there is still start-up.
-    warm = 10 if os.environ.get("CGWATCH_IN_VM") else 3
+    warm = 10 if switch_on("CGWATCH_IN_VM", os.environ) else 3
     proc = tree.spawn(job, DRIVER.format(tree=PROJECT, poll=POLL, seconds=warm + 19,
                                          scratch=scratch), stdout=subprocess.DEVNULL)
     try:

@@ -17,7 +17,7 @@ from typing import Callable
 
 import pytest
 
-from cgwatch import watcher
+from cgwatch import testdoor, watcher
 from cgwatch.watcher import (
     IN_ATTRIB,
     IN_CREATE,
@@ -216,10 +216,10 @@ class FakeFunction:
 
 
 @pytest.fixture()
-def libc(monkeypatch: pytest.MonkeyPatch) -> watcher.Libc:
+def libc() -> Iterator[watcher.Libc]:
     bound = watcher.Libc()
-    monkeypatch.setattr(watcher, "_libc", bound)
-    return bound
+    with testdoor.bound_libc(bound):
+        yield bound
 
 
 @pytest.mark.parametrize(("code", "reason"), [
@@ -269,9 +269,9 @@ def test_no_inotify_in_the_c_library(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_symbol() -> watcher.Libc:
         raise AttributeError("undefined symbol: inotify_init1")
 
-    monkeypatch.setattr(watcher, "_libc", None)
     monkeypatch.setattr(watcher, "Libc", no_symbol)
-    with pytest.raises(WatchUnavailable, match="not available on this platform"):
+    with testdoor.bound_libc(None), \
+            pytest.raises(WatchUnavailable, match="not available on this platform"):
         Watcher()
 
 

@@ -61,7 +61,8 @@ def test_wheel_has_license_py_typed_and_metadata(built: tuple[Path, Path, str]) 
         metadata = email.parser.Parser().parsestr(z.read(f"{dist_info}/METADATA").decode())
         license_text = z.read(f"{dist_info}/licenses/LICENSE").decode()
     assert "cgwatch/py.typed" in names
-    assert "cgwatch/integrations/_autoload.py" in names  # the .pth switch loads it by path
+    # The .pth switch loads these two by path.
+    assert {"cgwatch/envswitch.py", "cgwatch/integrations/_autoload.py"} <= set(names)
     assert not [n for n in names if n.startswith("tests/") or "__pycache__" in n]
     assert license_text.startswith("MIT License")
     assert "Copyright (c) 2026 the cgwatch authors" in license_text

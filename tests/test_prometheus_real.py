@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     PROJECT,
     MiB,
@@ -72,7 +73,7 @@ def prometheus_binary() -> str:
     found = shutil.which("prometheus")
     if found:
         return found
-    if os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
         pytest.fail("prometheus missing but CGWATCH_REQUIRE_REAL=1 (scripts/test installs "
                     "Debian's prometheus package)")
     pytest.skip("prometheus not installed (Debian: apt-get install prometheus)")

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import PROJECT
 
 DEPLOY = os.path.join(PROJECT, "deploy", "prometheus")
@@ -24,7 +25,7 @@ def promtool() -> str:
     found = shutil.which("promtool")
     if found:
         return found
-    if os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
         pytest.fail("promtool missing but CGWATCH_REQUIRE_REAL=1 (scripts/test installs "
                     "Debian's prometheus package)")
     pytest.skip("promtool not installed (Debian: apt-get install prometheus)")

@@ -16,7 +16,7 @@ from typing import Any, Optional
 import psutil
 import pytest
 
-from cgwatch import hostmem, psutil_view
+from cgwatch import hostmem, psutil_view, testdoor
 from cgwatch.integrations import switches
 from cgwatch.psutil_view import (
     is_patched,
@@ -51,11 +51,7 @@ def restore_psutil() -> Iterator[None]:
     yield
     unpatch_psutil()
     # A test that wraps psutil on top of ours leaves our patch in the chain: reset by hand.
-    psutil.virtual_memory = ORIGINAL
-    psutil_view._installed = None
-    psutil_view._host_virtual_memory = None
-    psutil_view._fast.close()
-    psutil_view._fast = psutil_view._FastPath()
+    testdoor.reset_psutil_view(ORIGINAL)
 
 
 @pytest.fixture
@@ -64,14 +60,12 @@ def procfs(tmp_path: Path) -> Iterator[Path]:
     both then see the same fixed text."""
     saved = psutil.PROCFS_PATH
     psutil.PROCFS_PATH = str(tmp_path)
-    psutil_view._fast.close()
-    psutil_view._fast = psutil_view._FastPath()
+    testdoor.new_psutil_fast_path()
     try:
         yield tmp_path
     finally:
         psutil.PROCFS_PATH = saved
-        psutil_view._fast.close()
-        psutil_view._fast = psutil_view._FastPath()
+        testdoor.new_psutil_fast_path()
 
 
 def test_same_type_and_fields_as_psutil_each_typed_as_psutils() -> None:
@@ -168,10 +162,10 @@ def test_someone_elses_wrapper_on_top_is_left_in_place() -> None:
 
 
 def test_module_does_not_keep_a_stale_original() -> None:
-    assert psutil_view._host_virtual_memory is None
+    assert testdoor.psutil_replaced() is None
     with patched_psutil(FakeMonitor(1, 1)):
-        assert psutil_view._host_virtual_memory is ORIGINAL
-    assert psutil_view._host_virtual_memory is None
+        assert testdoor.psutil_replaced() is ORIGINAL
+    assert testdoor.psutil_replaced() is None
 
 
 CHILD = textwrap.dedent("""
@@ -337,7 +331,7 @@ def test_host_counters_equal_psutils_on_the_same_meminfo(procfs: Path, text: str
     # And the view built from them: psutil's tuple, every host field psutil's, exactly.
     view = virtual_memory(FakeMonitor(total=512 * MiB, available=100 * MiB))
     assert type(view) is type(theirs)
-    assert psutil_view._fast.usable  # it was the fast construction
+    assert testdoor.psutil_fast_path().usable  # it was the fast construction
     for name in HOST_COUNTERS[1:]:
         assert getattr(view, name) == getattr(theirs, name), name
     assert view.free == min(theirs.free, 100 * MiB)
@@ -360,7 +354,7 @@ def test_a_meminfo_without_shmem_falls_back_to_psutils_own_answer(procfs: Path) 
     (procfs / "meminfo").write_text(MEMINFO_NO_SHMEM)
     with pytest.warns(RuntimeWarning, match="shared"):  # psutil's own warning, passed on
         view = virtual_memory(FakeMonitor(total=256 * MiB, available=64 * MiB))
-    assert not psutil_view._fast.usable
+    assert not testdoor.psutil_fast_path().usable
     assert (view.total, view.available, view.shared) == (256 * MiB, 64 * MiB, 0)
     assert view.active == 901724 * 1024
 
@@ -371,8 +365,8 @@ def test_fast_path_answers_the_same_as_psutils_own_plus_cgwatch() -> None:
     field that does not move between two reads (the layout and the cgroup's figures)."""
     monitor = FakeMonitor(total=300 * MiB, available=200 * MiB)
     fast = virtual_memory(monitor)
-    assert psutil_view._fast.usable
-    psutil_view._fast.usable = False
+    assert testdoor.psutil_fast_path().usable
+    testdoor.psutil_fast_path().usable = False
     slow = virtual_memory(monitor)
     assert type(fast) is type(slow)
     for name in ("total", "available", "percent", "used"):
@@ -433,13 +427,17 @@ SWITCH_CHILD = ISOLATED + textwrap.dedent("""
     vm = psutil.virtual_memory()
     early = bound_early()
     import cgwatch
-    from cgwatch import psutil_view
+    from cgwatch import psutil_view, testdoor
     print("RESULT " + json.dumps(dict(
         at_start=at_start, hooks=hooks, after_import=after_import,
         total=vm.total, early_total=early.total, cgwatch_total=cgwatch.total_memory(),
-        host_total=psutil_view._host().total, patched=psutil_view.is_patched(),
+        host_total=testdoor.psutil_host().total, patched=psutil_view.is_patched(),
         hooks_left=sum(type(f).__name__ == "PostImportFinder" for f in sys.meta_path))))
 """)
+
+
+# What the .pth line loads by path when a switch is on (switches._BOOT).
+HOOK_FILES = ["cgwatch.envswitch", "cgwatch.integrations._autoload"]
 
 
 @pytest.fixture
@@ -489,11 +487,12 @@ def test_switch_off_loads_nothing(site_dir: Path, value: str) -> None:
 
 def test_switch_on_defers_everything_to_the_first_call(site_dir: Path) -> None:
     r = result(run_python(SWITCH_CHILD, child_env(site_dir, CGWATCH_PSUTIL="1"), "-S"))
-    # At start only the hook itself, no cgwatch package, psutil, torch or DeepSpeed.
-    assert r["at_start"] == ["cgwatch.integrations._autoload"] and r["hooks"] == 1
+    # At start only the hook's two stdlib-only files, no cgwatch package, psutil, torch or
+    # DeepSpeed.
+    assert r["at_start"] == HOOK_FILES and r["hooks"] == 1
     # `import psutil` alone still imports no cgwatch.
     assert not [m for m in r["after_import"] if m.split(".")[0] == "cgwatch"
-                and m != "cgwatch.integrations._autoload"]
+                and m not in HOOK_FILES]
     assert r["patched"]
     assert r["total"] == r["early_total"] == r["cgwatch_total"]  # also `from psutil import`
     assert r["hooks_left"] == 0  # the finder left sys.meta_path once psutil had loaded

@@ -1,21 +1,35 @@
-"""Internal. The import hook behind the environment switches, armed by the cgwatch .pth line.
+"""Internal. The one integration mechanism: a table of hooks by name, one post-import finder,
+one status per hook.
 
-At interpreter start, when `CGWATCH_PSUTIL` or `CGWATCH_DEEPSPEED` is set, the line in
-`cgwatch-autoload.pth` (written by `python -m cgwatch.integrations install-pth`, see
-`switches.py`) loads this file by path and calls `arm()`. This file is loaded without the
-`cgwatch` package: `cgwatch/__init__.py` imports the monitor, ~25 ms that a process that never
-imports psutil or DeepSpeed must not pay. So it imports nothing but `sys` and `os`, and defers
-everything else to the moment the watched module has been imported:
+A hook is a row of `HOOKS`: its name, its environment switch, the module whose import
+triggers it, and the adapter function (`"module:function"`) to run right after that module's
+own code has run. The function gets the trigger module and returns the hook's status. This
+file imports an adapter only by the name in its row, when the trigger has loaded: adapters
+import this file, never the other way, and never each other (docs/design.md §13).
 
-- `CGWATCH_PSUTIL=1`: right after psutil's own `__init__` has run, `psutil.virtual_memory` is
-  replaced by a small forwarding function. Its first call imports `cgwatch.psutil_view` (and so
+Two ways to arm a hook, the same finder behind both:
+
+- the environment: at interpreter start, when a hook's variable is on, the line in
+  `cgwatch-autoload.pth` (written by `python -m cgwatch.integrations install-pth`, see
+  `switches.py`) loads `cgwatch/envswitch.py` and this file by path and calls `arm()`. Loaded
+  without the `cgwatch` package: `cgwatch/__init__.py` imports the monitor, ~25 ms that a
+  process that never imports psutil or DeepSpeed must not pay. So this file imports nothing
+  but `sys`, `os` and `cgwatch.envswitch` (already in `sys.modules` then);
+- code: `arm_hook(name)` (DeepSpeed's `enable_autoload()`).
+
+Today's rows:
+
+- `psutil` (`CGWATCH_PSUTIL=1`): right after psutil's own `__init__` has run,
+  `psutil.virtual_memory` is replaced by a small forwarding function (`forward_psutil`, here
+  because it must not import cgwatch). Its first call imports `cgwatch.psutil_view` (and so
   cgwatch), which adopts it as the installed patch; every call answers the cgroup-aware view.
   `import psutil` alone stays as cheap as without the switch.
-- `CGWATCH_DEEPSPEED=1`: right after DeepSpeed's `real_accelerator` module has run, before any
-  other DeepSpeed module asks for the accelerator, `cgwatch.integrations.deepspeed` installs
-  its CPU accelerator (docs/integrations.md says why that moment).
+- `deepspeed` (`CGWATCH_DEEPSPEED=1`): right after DeepSpeed's `real_accelerator` module has
+  run, before any other DeepSpeed module asks for the accelerator,
+  `cgwatch.integrations.deepspeed.on_import` installs its CPU accelerator
+  (docs/integrations.md says why that moment).
 
-A switch is on unless unset, empty, `0`, `false`, `no` or `off`. A failure inside a hook is
+A status is `not armed`, `armed`, `installed` or `skipped: <why>`. A failure inside a hook is
 reported once on stderr and leaves the module as its authors made it (never break an import).
 """
 
@@ -24,26 +38,47 @@ from __future__ import annotations
 import os
 import sys
 
+from cgwatch.envswitch import switch_on
+
 # typing and collections.abc cost ~3 ms to import at start-up; the annotations need neither.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from types import ModuleType
     from typing import Any, Callable, Optional
 
-PSUTIL_VAR = "CGWATCH_PSUTIL"
-DEEPSPEED_VAR = "CGWATCH_DEEPSPEED"
-REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
-_OFF_VALUES = ("", "0", "false", "no", "off")
-
-# What each switch did so far, for `python -m cgwatch.integrations status` and the tests.
-status: dict[str, str] = {PSUTIL_VAR: "not armed", DEEPSPEED_VAR: "not armed"}
+NOT_ARMED = "not armed"
+ARMED = "armed"
+INSTALLED = "installed"
+SKIPPED = "skipped: "
 
 
-def switch_on(name: str, environ: Optional[Any] = None) -> bool:
-    """True when the environment variable `name` asks for its switch."""
-    env = os.environ if environ is None else environ
-    return str(env.get(name, "")).strip().lower() not in _OFF_VALUES
+class Hook:
+    """One row of the table (a plain class: namedtuple and dataclasses cost imports at start)."""
+
+    __slots__ = ("name", "var", "trigger", "adapter")
+
+    def __init__(self, name: str, var: str, trigger: str, adapter: str) -> None:
+        self.name = name
+        self.var = var  # the environment switch (envswitch spells on/off)
+        self.trigger = trigger  # the module whose import runs the adapter
+        self.adapter = adapter  # "module:function", imported only when the trigger has run
+
+
+HOOKS: dict[str, Hook] = {}
+# What each hook did so far, for `python -m cgwatch.integrations status` and the adapters.
+status: dict[str, str] = {}
+
+
+def register(name: str, var: str, trigger: str, adapter: str) -> None:
+    """Add a row to the table (an adapter's one line below)."""
+    HOOKS[name] = Hook(name, var, trigger, adapter)
+    status.setdefault(name, NOT_ARMED)
+
+
+register("psutil", "CGWATCH_PSUTIL", "psutil", "cgwatch.integrations._autoload:forward_psutil")
+register("deepspeed", "CGWATCH_DEEPSPEED", "deepspeed.accelerator.real_accelerator",
+         "cgwatch.integrations.deepspeed:on_import")
 
 
 def _warn(what: str, exc: BaseException) -> None:
@@ -52,13 +87,26 @@ def _warn(what: str, exc: BaseException) -> None:
     sys.stderr.write(f"cgwatch: {what} ignored: {type(exc).__name__}: {exc}\n")
 
 
-# --- psutil --------------------------------------------------------------------------------
+def _run(name: str, module: ModuleType) -> None:
+    """Run hook `name`'s adapter on its freshly imported trigger `module`; record its status."""
+    hook = HOOKS[name]
+    try:
+        adapter, _, function = hook.adapter.partition(":")
+        if adapter not in sys.modules:
+            __import__(adapter)  # the builtin: importlib would cost an import here
+        status[name] = getattr(sys.modules[adapter], function)(module)
+    except Exception as exc:
+        _warn(f"{hook.var}=1", exc)
+        status[name] = f"{SKIPPED}{exc}"
 
 
-def _psutil_loaded(psutil: ModuleType) -> None:
+# --- psutil's adapter: a forwarding function, so `import psutil` imports no cgwatch ----------
+
+
+def forward_psutil(psutil: ModuleType) -> str:
     real = psutil.virtual_memory
     if getattr(real, "_cgwatch_adopt", None) is not None:
-        return  # already ours (a second arm())
+        return status["psutil"]  # already ours (a second arm)
     view: list[Callable[[], Any]] = []
 
     def adopt() -> Callable[[], Any]:
@@ -67,10 +115,10 @@ def _psutil_loaded(psutil: ModuleType) -> None:
                 from cgwatch import psutil_view
 
                 view.append(psutil_view._adopt_switch(virtual_memory, real))
-                status[PSUTIL_VAR] = "installed"
+                status["psutil"] = INSTALLED
             except Exception as exc:  # a broken cgwatch install: psutil's own answer
-                _warn(f"{PSUTIL_VAR}=1", exc)
-                status[PSUTIL_VAR] = f"skipped: {exc}"
+                _warn(f"{HOOKS['psutil'].var}=1", exc)
+                status["psutil"] = f"{SKIPPED}{exc}"
                 view.append(real)
         return view[0]
 
@@ -81,21 +129,7 @@ def _psutil_loaded(psutil: ModuleType) -> None:
     virtual_memory.__wrapped__ = real  # type: ignore[attr-defined]
     virtual_memory._cgwatch_adopt = adopt  # type: ignore[attr-defined]
     psutil.virtual_memory = virtual_memory  # type: ignore[attr-defined]
-    status[PSUTIL_VAR] = "armed: patched on first call"
-
-
-# --- DeepSpeed ------------------------------------------------------------------------------
-
-
-def _real_accelerator_loaded(module: ModuleType) -> None:
-    try:
-        from cgwatch.integrations import deepspeed
-
-        deepspeed._on_real_accelerator_loaded(module)
-        status[DEEPSPEED_VAR] = deepspeed.autoload_status()
-    except Exception as exc:
-        _warn(f"{DEEPSPEED_VAR}=1", exc)
-        status[DEEPSPEED_VAR] = f"skipped: {exc}"
+    return ARMED  # until the first call adopts it
 
 
 # --- the finder -----------------------------------------------------------------------------
@@ -103,38 +137,38 @@ def _real_accelerator_loaded(module: ModuleType) -> None:
 
 class PostImportFinder:
     """A `sys.meta_path` finder that finds nothing itself: for each watched module it lets the
-    other finders find it, and runs a callback right after the module's own code has run.
+    other finders find it, and runs its hook right after the module's own code has run.
     Removes itself once every watched module has loaded. (Duck-typed: importlib.abc would cost
     an import at every interpreter start.)"""
 
     def __init__(self) -> None:
-        self.watched: dict[str, Callable[[ModuleType], None]] = {}
+        self.watched: dict[str, str] = {}  # trigger module -> hook name
 
     def find_spec(self, fullname: str, path: Optional[Sequence[str]],
                   target: Optional[ModuleType] = None) -> Any:
         # Popped while the other finders look: one that asks the whole chain again (another
         # copy of this finder, say) then gets None from us instead of a recursion.
-        callback = self.watched.pop(fullname, None)
-        if callback is None:
+        name = self.watched.pop(fullname, None)
+        if name is None:
             return None
         try:
             spec = self._find_elsewhere(fullname, path, target)
         except BaseException:
-            self.watched[fullname] = callback
+            self.watched[fullname] = name
             raise
         loader = getattr(spec, "loader", None)
         exec_module = getattr(loader, "exec_module", None)
         if spec is None or exec_module is None:
-            self.watched[fullname] = callback  # not there (yet), or a loader we cannot wrap
+            self.watched[fullname] = name  # not there (yet), or a loader we cannot wrap
             return spec
         self.unwatch(fullname)
 
-        def exec_then_call(module: ModuleType) -> None:
+        def exec_then_run(module: ModuleType) -> None:
             exec_module(module)
-            callback(module)
+            _run(name, module)
 
         # The loader object is this spec's own (one per find), so patching it is local.
-        loader.exec_module = exec_then_call  # type: ignore[union-attr]
+        loader.exec_module = exec_then_run  # type: ignore[union-attr]
         return spec
 
     def _find_elsewhere(self, fullname: str, path: Optional[Sequence[str]],
@@ -159,22 +193,32 @@ class PostImportFinder:
 finder = PostImportFinder()
 
 
-def watch(fullname: str, callback: Callable[[ModuleType], None]) -> str:
-    """Run `callback(module)` right after `fullname` is imported, or now if it already is."""
-    module = sys.modules.get(fullname)
+def arm_hook(name: str) -> str:
+    """Run hook `name` right after its trigger module is imported, or now if it already is.
+    Idempotent. Returns its status."""
+    hook = HOOKS[name]
+    module = sys.modules.get(hook.trigger)
     if module is not None:
-        callback(module)
-        return "ran"
-    finder.watched[fullname] = callback
-    if finder not in sys.meta_path:
-        sys.meta_path.insert(0, finder)
-    return "armed"
+        _run(name, module)
+    elif finder.watched.get(hook.trigger) != name:
+        finder.watched[hook.trigger] = name
+        if finder not in sys.meta_path:
+            sys.meta_path.insert(0, finder)
+        status[name] = ARMED
+    return status[name]
 
 
-def arm(environ: Optional[Any] = None) -> None:
-    """Arm the hook of every switch that is on (what the .pth line calls)."""
-    if switch_on(PSUTIL_VAR, environ) and watch("psutil", _psutil_loaded) == "armed":
-        status[PSUTIL_VAR] = "armed: waiting for import psutil"
-    if switch_on(DEEPSPEED_VAR, environ) and \
-            watch(REAL_ACCELERATOR, _real_accelerator_loaded) == "armed":
-        status[DEEPSPEED_VAR] = "armed: waiting for import deepspeed"
+def disarm_hook(name: str) -> None:
+    """Stop waiting for hook `name`'s trigger (what it installed already stays)."""
+    hook = HOOKS[name]
+    if finder.watched.get(hook.trigger) == name:
+        finder.unwatch(hook.trigger)
+        status[name] = NOT_ARMED
+
+
+def arm(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Arm every hook whose switch is on (what the .pth line calls)."""
+    env = os.environ if environ is None else environ
+    for name, hook in HOOKS.items():
+        if switch_on(hook.var, env):
+            arm_hook(name)

@@ -13,13 +13,14 @@ Three ways in, in the order DeepSpeed binds things (see docs/integrations.md):
 1. Environment switch, no code change: once per environment run
    `python -m cgwatch.integrations install-pth` (writes `cgwatch-autoload.pth` into
    site-packages, see `switches.py`), then start anything with `CGWATCH_DEEPSPEED=1`. At
-   interpreter start the .pth line arms an import hook (`_autoload.py`, without importing
-   cgwatch); the moment DeepSpeed's `real_accelerator` module has run, before any other
-   DeepSpeed module asks for the accelerator, the hook installs ours if DeepSpeed would have
-   chosen its CPU accelerator. Without the variable the line does nothing but read it.
-   DeepSpeed itself has no plugin or entry-point hook for accelerators.
+   interpreter start the .pth line arms this adapter's row of the hook table (`_autoload.py`,
+   without importing cgwatch); the moment DeepSpeed's `real_accelerator` module has run,
+   before any other DeepSpeed module asks for the accelerator, the hook calls `on_import`,
+   which installs ours if DeepSpeed would have chosen its CPU accelerator. Without the
+   variable the line does nothing but read it. DeepSpeed itself has no plugin or entry-point
+   hook for accelerators.
 2. `enable_autoload()` in your own code or `sitecustomize.py`, before `import deepspeed`:
-   the same hook.
+   the same hook, armed by name.
 3. `install()` after `import deepspeed` and before `deepspeed.initialize()`: what the engine
    and ZeRO ask at run time is then ours. Only `deepspeed.runtime.utils.torch_memory_reserved`
    / `torch_max_memory_reserved` (bound at import) keep pointing at the replaced accelerator;
@@ -31,8 +32,6 @@ Importing this module imports neither torch nor DeepSpeed.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import json
 import logging
 import os
@@ -42,6 +41,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional
 
+from cgwatch.envswitch import switch_on
 from cgwatch.integrations import _autoload, switches
 
 if TYPE_CHECKING:
@@ -66,26 +66,23 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = switches.DEEPSPEED_VAR
+HOOK = "deepspeed"  # this adapter's row in the hook table (_autoload.HOOKS)
+ENV_VAR = _autoload.HOOKS[HOOK].var
 ENV_PREFIX = "CGWATCH"
-PTH_NAME = switches.PTH_NAME  # one .pth for both switches (switches.py)
+PTH_NAME = switches.PTH_NAME  # one .pth for every switch (switches.py)
 
-_REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
+_REAL_ACCELERATOR = _autoload.HOOKS[HOOK].trigger
 _CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
-_OFF_VALUES = ("", "0", "false", "no", "off")
 
 _lock = threading.RLock()
 _class: Optional[type] = None
 _previous: Any = None  # the accelerator that install() replaced, for uninstall()
-_finder: Optional[_PostImportFinder] = None
-_autoload_status = "not armed"
 
 
 def env_enabled(environ: Optional[dict[str, str]] = None) -> bool:
     """True when `CGWATCH_DEEPSPEED` asks for the accelerator (anything but unset, empty,
-    0, false, no, off)."""
-    env = os.environ if environ is None else environ
-    return env.get(ENV_VAR, "").strip().lower() not in _OFF_VALUES
+    0, false, no, off: `cgwatch.envswitch`)."""
+    return switch_on(ENV_VAR, os.environ if environ is None else environ)
 
 
 def accelerator_class() -> type:
@@ -188,62 +185,22 @@ def uninstall() -> bool:
         return True
 
 
-def _on_real_accelerator_loaded(ra: ModuleType) -> None:
-    global _autoload_status
+def on_import(ra: ModuleType) -> str:
+    """The hook (`_autoload.HOOKS["deepspeed"]`): DeepSpeed's `real_accelerator` module `ra`
+    has just run. Installs ours unless DeepSpeed chose another accelerator; returns the status.
+    Never raises (never break `import deepspeed`)."""
     try:
         wanted = os.environ.get("DS_ACCELERATOR")
         if wanted is not None and wanted != "cpu":
-            _autoload_status = f"skipped: DS_ACCELERATOR={wanted}"
-            log.warning("cgwatch: %s=1 ignored, %s", ENV_VAR, _autoload_status[9:])
-            return
+            why = f"DS_ACCELERATOR={wanted}"
+            log.warning("cgwatch: %s=1 ignored, %s", ENV_VAR, why)
+            return f"{_autoload.SKIPPED}{why}"
         _install_into(ra, None, force=False)
-        _autoload_status = "installed"
         log.info("cgwatch: DeepSpeed CPU accelerator memory now comes from the cgroup")
-    except Exception as exc:  # never break `import deepspeed`
-        _autoload_status = f"skipped: {exc}"
+        return _autoload.INSTALLED
+    except Exception as exc:
         log.warning("cgwatch: %s=1 ignored: %s", ENV_VAR, exc)
-
-
-class _PostImportFinder(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: lets the other finders find DeepSpeed's `real_accelerator` and
-    runs `_on_real_accelerator_loaded` right after the module's own code has run."""
-
-    def find_spec(
-        self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
-    ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname != _REAL_ACCELERATOR:
-            return None
-        spec: Optional[importlib.machinery.ModuleSpec] = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        loader = spec.loader if spec is not None else None
-        exec_module = getattr(loader, "exec_module", None)
-        if spec is None or exec_module is None:
-            return spec
-        self.remove()
-
-        def exec_then_install(module: ModuleType) -> None:
-            exec_module(module)
-            _on_real_accelerator_loaded(module)
-
-        # The loader object is this spec's own (one per find), so patching it is local.
-        loader.exec_module = exec_then_install  # type: ignore[union-attr,method-assign]
-        return spec
-
-    def remove(self) -> None:
-        # No lock: this runs inside an import, and list.remove is atomic under the GIL.
-        global _finder
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        if _finder is self:
-            _finder = None
+        return f"{_autoload.SKIPPED}{exc}"
 
 
 def enable_autoload() -> str:
@@ -255,16 +212,8 @@ def enable_autoload() -> str:
     DeepSpeed's choice). After `import deepspeed`: installs now (as `install()`).
     Never raises. Returns `autoload_status()`.
     """
-    global _finder, _autoload_status
     with _lock:
-        ra = sys.modules.get(_REAL_ACCELERATOR)
-        if ra is not None and hasattr(ra, "set_accelerator"):
-            _on_real_accelerator_loaded(ra)
-        elif _finder is None:
-            _finder = _PostImportFinder()
-            sys.meta_path.insert(0, _finder)
-            _autoload_status = "armed"
-        return _autoload_status
+        return _autoload.arm_hook(HOOK)
 
 
 def _pth_hook() -> None:
@@ -276,19 +225,14 @@ def _pth_hook() -> None:
 
 def disable_autoload() -> None:
     """Disarm the hook if DeepSpeed has not been imported yet (does not uninstall)."""
-    global _autoload_status
     with _lock:
-        if _finder is not None:
-            _finder.remove()
-            _autoload_status = "not armed"
+        _autoload.disarm_hook(HOOK)
 
 
 def autoload_status() -> str:
-    """`not armed`, `armed`, `installed`, or `skipped: <why>`."""
-    if _autoload_status == "not armed" and \
-            _autoload.status[ENV_VAR].startswith("armed"):
-        return "armed"  # by the .pth switch, whose hook calls us when DeepSpeed loads
-    return _autoload_status
+    """`not armed`, `armed`, `installed`, or `skipped: <why>` (armed by `enable_autoload()` or
+    by the .pth switch: one hook, one status)."""
+    return _autoload.status[HOOK]
 
 
 def pth_path(directory: Optional[str] = None) -> str:

@@ -1,47 +1,56 @@
-"""The environment switches `CGWATCH_PSUTIL` and `CGWATCH_DEEPSPEED`: the .pth file that arms
-them, and `python -m cgwatch.integrations` (install-pth, uninstall-pth, status, check).
+"""The environment switches (`CGWATCH_PSUTIL`, `CGWATCH_DEEPSPEED`: one per row of the hook
+table in `_autoload.py`): the .pth file that arms them, and `python -m cgwatch.integrations`
+(install-pth, uninstall-pth, status, check).
 
 `install-pth` writes `cgwatch-autoload.pth` into site-packages, once per environment. Python
 runs its one line at every start (site.py executes .pth lines that begin with `import`):
 
-- both variables unset, empty or off (`0`, `false`, `no`, `off`): two environ lookups;
-- one set: it finds where the `cgwatch` package lies (asking the import system's finders,
-  which also handles editable installs) and loads `cgwatch/integrations/_autoload.py` by path,
-  without importing the `cgwatch` package, then arms an import hook (see `_autoload.py`).
-  cgwatch, psutil and DeepSpeed are imported only when the program imports psutil /
-  DeepSpeed (and, for psutil, first calls `virtual_memory()`).
+- every variable unset, empty or off (`0`, `false`, `no`, `off`: `cgwatch/envswitch.py`): one
+  environ lookup per hook, two today;
+- one on: it finds where the `cgwatch` package lies (asking the import system's finders,
+  which also handles editable installs) and loads `cgwatch/envswitch.py` and
+  `cgwatch/integrations/_autoload.py` by path, without importing the `cgwatch` package, then
+  arms the hooks whose switch is on (see `_autoload.py`). cgwatch, psutil and DeepSpeed are
+  imported only when the program imports psutil / DeepSpeed (and, for psutil, first calls
+  `virtual_memory()`).
+
+The .pth line names the variables of the table it was written from: after an upgrade that adds
+a hook, `status` shows `"pth_current": false` until `install-pth` is run again.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
-import sys
 import sysconfig
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from cgwatch.envswitch import NOT_ON, switch_on
 from cgwatch.integrations import _autoload
 
 __all__ = ["PTH_NAME", "OLD_PTH_NAMES", "PSUTIL_VAR", "DEEPSPEED_VAR", "pth_line", "pth_path",
            "install_pth", "uninstall_pth", "switch_status", "main"]
 
-PSUTIL_VAR = _autoload.PSUTIL_VAR
-DEEPSPEED_VAR = _autoload.DEEPSPEED_VAR
+PSUTIL_VAR = _autoload.HOOKS["psutil"].var
+DEEPSPEED_VAR = _autoload.HOOKS["deepspeed"].var
 PTH_NAME = "cgwatch-autoload.pth"
 # Written by cgwatch 0.1.0 (DeepSpeed only; it imported cgwatch at start). install-pth
 # replaces it, so the two never both arm the DeepSpeed hook.
 OLD_PTH_NAMES = ("cgwatch-deepspeed.pth",)
 
-# Run by the .pth line when a switch is set. Only importlib.machinery (~0.4 ms, Python 3.11):
+# Run by the .pth line when a switch is on: loads the two stdlib-only files by path, in this
+# order (_autoload imports envswitch). Only importlib.machinery (~0.4 ms, Python 3.11):
 # importlib.util would pull in contextlib (~3 ms). Any failure is one line on stderr; the
-# interpreter starts as if the switch were off.
+# interpreter starts as if the switches were off.
 _BOOT = """\
 import sys
-name = "cgwatch.integrations._autoload"
+files = (("cgwatch.envswitch", "/envswitch.py"),
+         ("cgwatch.integrations._autoload", "/integrations/_autoload.py"))
 try:
-    module = sys.modules.get(name)  # a site dir can be processed twice (venv + lib64 link)
+    module = sys.modules.get(files[-1][0])  # a site dir can be processed twice (venv + lib64)
     if module is None:
         import importlib.machinery as machinery
         for finder in sys.meta_path:
@@ -51,27 +60,35 @@ try:
                 break
         else:
             raise ImportError("the cgwatch package is not importable")
-        path = spec.submodule_search_locations[0] + "/integrations/_autoload.py"
-        loader = machinery.SourceFileLoader(name, path)
-        module = type(sys)(name)
-        module.__file__ = path
-        module.__loader__ = loader
-        module.__spec__ = machinery.ModuleSpec(name, loader, origin=path)
-        sys.modules[name] = module
-        loader.exec_module(module)
+        for name, where in files:
+            if name in sys.modules:
+                continue
+            path = spec.submodule_search_locations[0] + where
+            loader = machinery.SourceFileLoader(name, path)
+            module = type(sys)(name)
+            module.__file__ = path
+            module.__loader__ = loader
+            module.__spec__ = machinery.ModuleSpec(name, loader, origin=path)
+            sys.modules[name] = module
+            loader.exec_module(module)
     module.arm()
 except Exception as exc:
-    sys.modules.pop(name, None)
-    sys.stderr.write(f"cgwatch: {PSUTIL_VAR}/{DEEPSPEED_VAR} ignored: "
-                     f"{type(exc).__name__}: {exc}\\n")
+    for name, _ in files:
+        sys.modules.pop(name, None)
+    sys.stderr.write(f"cgwatch: {VARS} ignored: {type(exc).__name__}: {exc}\\n")
 """
+
+
+def _variables() -> tuple[str, ...]:
+    return tuple(hook.var for hook in _autoload.HOOKS.values())
 
 
 def pth_line() -> str:
     """The .pth file's one line."""
-    boot = _BOOT.replace("{PSUTIL_VAR}", PSUTIL_VAR).replace("{DEEPSPEED_VAR}", DEEPSPEED_VAR)
-    on = (f"any(os.environ.get(v, '').strip().lower() not in {_autoload._OFF_VALUES!r} "
-          f"for v in ({PSUTIL_VAR!r}, {DEEPSPEED_VAR!r}))")
+    boot = _BOOT.replace("{VARS}", "/".join(_variables()))
+    # envswitch.switch_on, inlined: the line must cost no import while every switch is off.
+    on = (f"any(os.environ.get(v, '').strip().lower() not in {NOT_ON!r} "
+          f"for v in {_variables()!r})")
     return f"import os; {on} and exec({boot!r}, {{}})\n"
 
 
@@ -112,15 +129,14 @@ def uninstall_pth(directory: Optional[str] = None) -> bool:
 def switch_status(directory: Optional[str] = None) -> dict[str, Any]:
     """Where the .pth goes, whether it is there, each variable and what its hook did."""
     path = pth_path(directory)
-    hook = sys.modules.get("cgwatch.integrations._autoload", _autoload)
     return {
         "pth": path,
         "pth_installed": os.path.exists(path),
         "pth_current": _read(path) == pth_line(),
         "switches": {
-            var: {"value": os.environ.get(var), "on": _autoload.switch_on(var),
-                  "hook": hook.status[var]}
-            for var in (PSUTIL_VAR, DEEPSPEED_VAR)
+            hook.var: {"value": os.environ.get(hook.var), "on": switch_on(hook.var, os.environ),
+                       "hook": _autoload.status[name]}
+            for name, hook in _autoload.HOOKS.items()
         },
     }
 
@@ -160,7 +176,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     elif args.command == "status":
         print(json.dumps(switch_status(args.dir), indent=2))
     else:
-        from cgwatch.integrations import deepspeed
-
-        return deepspeed.check_main()
+        # The adapter named by its row: the mechanism imports adapters only by name, so no
+        # adapter's import of this module makes a circle (docs/design.md §13).
+        adapter = _autoload.HOOKS["deepspeed"].adapter.partition(":")[0]
+        check_main = importlib.import_module(adapter).check_main
+        return int(check_main())
     return 0

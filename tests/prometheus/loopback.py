@@ -13,6 +13,8 @@ import os
 import socket
 import struct
 
+from cgwatch.envswitch import switch_on
+
 SIOCGIFFLAGS = 0x8913  # linux/sockios.h
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1  # linux/if.h
@@ -20,7 +22,7 @@ IFREQ = "16sh22x"  # struct ifreq: the name, then ifr_flags in a 24-byte union
 
 
 def ensure_up_in_vm() -> None:
-    if os.environ.get("CGWATCH_IN_VM") != "1":
+    if not switch_on("CGWATCH_IN_VM", os.environ):
         return
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         request = struct.pack(IFREQ, b"lo", 0)

@@ -12,12 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 
+from cgwatch.envswitch import switch_on
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
-    if report.skipped and os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+    if report.skipped and switch_on("CGWATCH_REQUIRE_REAL", os.environ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"CGWATCH_REQUIRE_REAL=1, but this runtime test was skipped: {reason}"

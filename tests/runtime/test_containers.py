@@ -39,6 +39,7 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     MiB,
     Tree,
@@ -51,7 +52,7 @@ from tests.runtime.oci import Container, GiB, Shape, missing_reason, runtimes
 
 pytestmark = real_kernel_marks()
 
-IN_VM = os.environ.get("CGWATCH_IN_VM") == "1"
+IN_VM = switch_on("CGWATCH_IN_VM", os.environ)
 # Guest code runs ~30x slower (TCG): a limit write is seen within 0.1 s there, but allow more
 SEEN_WITHIN = 15.0 if IN_VM else 5.0
 OOM_LIMIT = 64 * MiB

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import read, write
 
 CG = "/sys/fs/cgroup"
@@ -47,7 +48,8 @@ def _why_not_v2() -> str:
             return "cgroup v1 hierarchies are mounted (hybrid host): not a v2-only kernel"
     if os.geteuid() != 0:
         return "needs root to create cgroups"
-    if not (os.environ.get("CGWATCH_IN_VM") or os.environ.get("CGWATCH_V2_HOST")):
+    if not (switch_on("CGWATCH_IN_VM", os.environ)
+            or switch_on("CGWATCH_V2_HOST", os.environ)):
         return ("creates cgroups under the root cgroup and moves the test process: runs in "
                 "the VM (tests/vm/run) or with CGWATCH_V2_HOST=1")
     return ""
