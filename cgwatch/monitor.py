@@ -18,6 +18,7 @@ import time
 from . import values
 from .files import READ_SIZE
 from .frozen import replace
+from .headroom import headroom, throttle_headroom
 from .seam import Change, Layout, Subscription
 from .snapshot import (
     HOST,
@@ -26,9 +27,7 @@ from .snapshot import (
     LevelInfo,
     Snapshot,
     Status,
-    headroom,
     read_levels,
-    throttle_headroom,
     uncached_available,
 )
 from .tracker import Tracker
@@ -202,7 +201,7 @@ class Monitor:
         """Bytes before throttling starts: the least of high - working set over the levels
         with a v2 memory.high (None: no such level). A job over memory.high is not killed, but
         slowed hard by reclaim; size work by the smaller of this and available_memory()."""
-        return throttle_headroom(self.levels())
+        return throttle_headroom([info.high_headroom for info in self.levels()])
 
     def host_memory(self) -> tuple[int, int]:
         """(MemTotal, MemAvailable) of the host, bytes."""
