@@ -1,4 +1,5 @@
-"""Find the process's memory cgroup directory from /proc/self/cgroup and /proc/self/mountinfo.
+"""Internal. Find the process's memory cgroup directory from /proc/self/cgroup and
+/proc/self/mountinfo.
 
 Pure functions on text: no file is read here, so every rule is table-tested with real-world
 inputs (tests/test_discovery.py). The I/O layer (tree.py) feeds them the files' contents.

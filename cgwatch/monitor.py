@@ -1,5 +1,5 @@
-"""The Monitor: cached cgroup memory limits and live headroom, kept true (tracker.py), with a
-public seam for the layers built on it (subscribe, layout).
+"""Internal. The Monitor: cached cgroup memory limits and live headroom, kept true
+(tracker.py), with a public seam for the layers built on it (subscribe, layout).
 
 Queries read the current immutable snapshot without a lock and never raise. Before
 answering, a query makes two cheap checks (about 0.3 us together): poll(0) on the inotify

@@ -1,4 +1,4 @@
-"""The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
+"""Internal. The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
 totals, as a table or JSON; and /dev/shm when it is smaller than the available memory (JSON:
 always, with `limits` saying whether it is)."""
 
