@@ -12,25 +12,27 @@ and the bind is moved to /sys/fs/cgroup/memory on that tmpfs.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, real_kernel_marks
+from tests.cgroup_helpers import (
+    PROJECT,
+    V1_MEMORY_MOUNT,
+    MiB,
+    Tree,
+    real_kernel_marks,
+    v1_memory_tree,
+)
 
 pytestmark = real_kernel_marks()
 
-MOUNT_POINT = "/sys/fs/cgroup/memory"
+MOUNT_POINT = V1_MEMORY_MOUNT
 
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:
-    with cgroup_tree() as t:
-        if t.version != 1:
-            pytest.skip("the v1 memory hierarchy is moved here; v2 is the VM tier's")
-        if not os.path.isdir(MOUNT_POINT):
-            pytest.skip(f"the v1 memory hierarchy is not at {MOUNT_POINT}")
+    with v1_memory_tree("the v1 memory hierarchy is moved here; v2 is the VM tier's") as t:
         yield t
 
 
