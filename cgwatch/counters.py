@@ -1,4 +1,5 @@
-"""Memory event counters: which files hold them, how to read them, and what counts as a rise.
+"""Internal. Memory event counters: which files hold them, how to read them, and what counts as
+a rise.
 
 Pure functions on text and numbers, table-tested in tests/test_events_counters.py; the events
 layer (events.py) does the reading and the timing.

@@ -1,4 +1,5 @@
-"""Find the process's memory cgroup directory from /proc/self/cgroup and /proc/self/mountinfo.
+"""Internal. Find the process's memory cgroup directory from /proc/self/cgroup and
+/proc/self/mountinfo.
 
 Pure functions on text: no file is read here, so every rule is table-tested with real-world
 inputs (tests/test_discovery.py). The I/O layer (tree.py) feeds them the files' contents.
@@ -31,18 +32,24 @@ class CgroupLine(Frozen):
 class Mount(Frozen):
     """The fields of one /proc/<pid>/mountinfo line that discovery needs."""
 
-    __slots__ = _fields = ("root", "mount_point", "fstype", "super_options")
+    __slots__ = _fields = ("root", "mount_point", "fstype", "super_options", "mount_id",
+                           "parent_id")
     root: str
     mount_point: str
     fstype: str
     super_options: tuple[str, ...]
+    mount_id: int  # fields 1 and 2 of the line; -1 when not a number (never kernel output)
+    parent_id: int
 
     def __init__(self, root: str, mount_point: str, fstype: str,
-                 super_options: tuple[str, ...]) -> None:
+                 super_options: tuple[str, ...], mount_id: int = -1,
+                 parent_id: int = -1) -> None:
         setter(self, "root", root)
         setter(self, "mount_point", mount_point)
         setter(self, "fstype", fstype)
         setter(self, "super_options", super_options)
+        setter(self, "mount_id", mount_id)
+        setter(self, "parent_id", parent_id)
 
 
 class Resolved(Frozen):
@@ -194,8 +201,10 @@ def parse_mountinfo_checked(text: str) -> tuple[list[Mount], list[str]]:
         if problem:
             refused.append(f"{fstype} mount refused: {problem}")
             continue
+        mount_id, parent_id = _ids(fields)
         mounts.append(Mount(root=root, mount_point=mount_point, fstype=fstype,
-                            super_options=super_options))
+                            super_options=super_options, mount_id=mount_id,
+                            parent_id=parent_id))
     return mounts, refused
 
 
@@ -216,8 +225,16 @@ def join_under_mount(mount: Mount, cgroup_path: str) -> str:
     return base + "/" + rest if base != "/" else "/" + rest
 
 
-def _line_mounts(text: str) -> list[tuple[str, str, str]]:
-    """(root, mount point, fstype) of every mountinfo line, any file system, in order."""
+def _ids(fields: list[str]) -> tuple[int, int]:
+    """The mount ID and parent ID of a split mountinfo line; -1 for one that is not a
+    number of ASCII digits (never kernel output: a table row may lack them)."""
+    ids = [int(f) if f.isdigit() and f.isascii() else -1 for f in fields[:2]]
+    return (ids[0], ids[1]) if len(ids) == 2 else (-1, -1)
+
+
+def _line_mounts(text: str) -> list[tuple[int, int, str, tuple[str, str, str]]]:
+    """(mount ID, parent ID, mount point, (root, mount point, fstype)) of every mountinfo
+    line, any file system, in order."""
     found = []
     for raw in text.splitlines():
         fields = raw.split(" ", 6)
@@ -232,24 +249,75 @@ def _line_mounts(text: str) -> list[tuple[str, str, str]]:
         except ValueError:
             continue
         _, sep, after = (" " + fields[6]).partition(" - ")
-        found.append((root, point, after.split(" ", 1)[0] if sep else ""))
+        mount_id, parent_id = _ids(fields)
+        found.append((mount_id, parent_id, point,
+                      (root, point, after.split(" ", 1)[0] if sep else "")))
     return found
 
 
+def _line_of(m: Mount, lines: list[tuple[int, int, str, tuple[str, str, str]]]) -> int:
+    """The index of `m`'s own line: by its mount ID, else the last line that shows it."""
+    key = (m.root, m.mount_point, m.fstype)
+    if m.mount_id >= 0:
+        return next((i for i, line in enumerate(lines) if line[0] == m.mount_id), -1)
+    return max((i for i, line in enumerate(lines) if line[3] == key), default=-1)
+
+
 def covered_mounts(text: str, mounts: list[Mount]) -> list[Mount]:
-    """The mounts of `mounts` that a later mountinfo line covers: mountinfo lists a
-    namespace's mounts in the order they were made, so a later mount at the same point, or at
-    one of its parents, hides the earlier one (a runtime bind-mounting a container's own
-    cgroup over /sys/fs/cgroup/memory leaves the original listed but unreachable; checked on
-    6.18)."""
+    """The mounts of `mounts` that another mount of the namespace covers, decided from the
+    mount tree (mount ID and parent ID, fields 1 and 2), not from line order.
+
+    A path resolves through the topmost mount at each directory. A mount made on a directory
+    that already has one is stacked on top of it, so its parent is the mount it hides (the
+    kernel's attach_recursive_mnt(); since 4.11 a mount propagated under an existing one is
+    "tucked" beneath it and the existing one's parent changes to it, so the tree stays the
+    stacking order). So mount N covers mount M when N's mount point is M's or above it, N is
+    not one of M's ancestors, and N's parent is the mount of M's ancestry (M itself included)
+    through which M's path crosses N's mount point: N sits on the path to M. A runtime
+    bind-mounting a container's own cgroup over /sys/fs/cgroup/memory makes the original
+    mount its parent and covers it (checked on 6.18).
+
+    Line order is not mount order: 6.18 lists a namespace's mounts by creation, so a mount
+    moved onto a newer one (`mount --move`) comes before the mount it now sits on, and
+    OpenJDK's container tests use a hybrid layout whose memory line comes before the
+    /sys/fs/cgroup tmpfs it is mounted on. Only where the ancestry is not all listed (it does
+    not reach a mount at "/": a hand-written table, or a parent outside the process's root)
+    does a later line at or above the mount point, whose parent is not listed among the
+    ancestors, count as covering, the rule before mount IDs were read.
+    """
     lines = _line_mounts(text)
-    covered = []
-    for m in mounts:
-        key = (m.root, m.mount_point, m.fstype)
-        last = max((i for i, line in enumerate(lines) if line == key), default=-1)
-        if any(path_contains(point, m.mount_point) for _, point, _ in lines[last + 1:]):
-            covered.append(m)
-    return covered
+    index: dict[int, int] = {}
+    for i, line in enumerate(lines):
+        if line[0] >= 0:
+            index.setdefault(line[0], i)
+    return [m for m in mounts if _is_covered(_line_of(m, lines), lines, index)]
+
+
+def _is_covered(at: int, lines: list[tuple[int, int, str, tuple[str, str, str]]],
+                index: dict[int, int]) -> bool:
+    """Whether another line covers the mount of line `at` (see covered_mounts)."""
+    if at < 0:
+        return False
+    chain = [at]  # its line, its parent's, ... as far as the lines show them
+    while True:
+        up = index.get(lines[chain[-1]][1], -1)
+        if up < 0 or up in chain:
+            break
+        chain.append(up)
+    ids = {lines[i][0] for i in chain if lines[i][0] >= 0}
+    complete = lines[chain[-1]][2] == "/"
+    own_point = lines[at][2]
+    for j, (_, parent, point, _) in enumerate(lines):
+        if j in chain or not path_contains(point, own_point):
+            continue
+        if parent in ids:
+            crossing = next((lines[i][0] for i in chain if path_contains(lines[i][2], point)),
+                            None)
+            if parent == crossing:
+                return True
+        elif not complete and j > at:
+            return True
+    return False
 
 
 def _leading_dotdots(path: str) -> list[str]:
@@ -340,8 +408,9 @@ def resolve(
     v1 wins when a v1 line lists `memory` and a v1 mount carries it: on a hybrid host the
     cgroup2 mount lacks the memory controller. Otherwise the `0::` line is used if its mount's
     `cgroup.controllers` lists memory, which only the caller can read: `v2_has_memory` is called
-    with the candidate mount point. Mounts covered by a later mount are skipped; `usable`
-    (the caller's check that a candidate's directory exists) lets a duplicate fall through.
+    with the candidate mount point. Mounts another mount covers (`covered_mounts`) are
+    skipped; `usable` (the caller's check that a candidate's directory exists) lets a
+    duplicate fall through.
     """
     lines = parse_proc_cgroup(proc_cgroup)
     mounts, refused = parse_mountinfo_checked(mountinfo)

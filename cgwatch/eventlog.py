@@ -1,4 +1,4 @@
-"""The default log records for memory events and headroom alerts, on the `cgwatch` logger.
+"""Internal. The default log records for memory events and headroom alerts, on the `cgwatch` logger.
 
 ERROR for `oom`, `oom_kill`, `oom_group_kill`, `under_oom`; WARNING for `high`, `max`, v1
 `failcnt` and a headroom drop; INFO otherwise. Each record names the cgroup, the counter and

@@ -1,5 +1,5 @@
-"""The Monitor: cached cgroup memory limits and live headroom, kept true (tracker.py), with a
-public seam for the layers built on it (subscribe, layout).
+"""Internal. The Monitor: cached cgroup memory limits and live headroom, kept true
+(tracker.py), with a public seam for the layers built on it (subscribe, layout).
 
 Queries read the current immutable snapshot without a lock and never raise. Before
 answering, a query makes two cheap checks (about 0.3 us together): poll(0) on the inotify
@@ -19,6 +19,7 @@ from . import values
 from .envswitch import switch_off
 from .files import READ_SIZE
 from .frozen import replace
+from .headroom import headroom, throttle_headroom
 from .seam import Change, Layout, Subscription
 from .snapshot import (
     HOST,
@@ -27,9 +28,7 @@ from .snapshot import (
     LevelInfo,
     Snapshot,
     Status,
-    headroom,
     read_levels,
-    throttle_headroom,
     uncached_available,
 )
 from .tracker import Tracker
@@ -202,7 +201,7 @@ class Monitor:
         """Bytes before throttling starts: the least of high - working set over the levels
         with a v2 memory.high (None: no such level). A job over memory.high is not killed, but
         slowed hard by reclaim; size work by the smaller of this and available_memory()."""
-        return throttle_headroom(self.levels())
+        return throttle_headroom([info.high_headroom for info in self.levels()])
 
     def host_memory(self) -> tuple[int, int]:
         """(MemTotal, MemAvailable) of the host, bytes."""

@@ -1,4 +1,4 @@
-"""Kernel notifications other than inotify: v1 eventfds registered through
+"""Internal. Kernel notifications other than inotify: v1 eventfds registered through
 `cgroup.event_control`, and v2 PSI triggers on `memory.pressure`.
 
 Each function returns a descriptor to poll (POLLIN for an eventfd, POLLPRI for a PSI trigger)

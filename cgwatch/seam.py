@@ -1,4 +1,4 @@
-"""The public seam of a monitor: what layers built on it (the events layer, an exporter)
+"""Internal. The public seam of a monitor: what layers built on it (the events layer, an exporter)
 get from `Monitor.layout()` and `Monitor.subscribe()`."""
 
 from __future__ import annotations

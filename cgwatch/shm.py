@@ -1,4 +1,4 @@
-"""/dev/shm's size and use (statvfs), for the table, `cgwatch watch` and `cgwatch run`.
+"""Internal. /dev/shm's size and use (statvfs), for the table, `cgwatch watch` and `cgwatch run`.
 
 /dev/shm is a tmpfs with its own size: Docker's default is 64 MiB whatever `--memory` says.
 POSIX shared memory (PyTorch DataLoader workers pass batches through it) lives there, and a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import discovery, names, values
 from .frozen import Frozen, replace, setter
+from .headroom import binding_levels, headroom
 from .hostmem import HostMemory
 from .names import FileNames
 from .tree import Level
@@ -16,7 +17,6 @@ from .units import human_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
     from typing import Callable, Optional
 
     # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
@@ -148,13 +148,6 @@ class Snapshot(Frozen):
         setter(self, "uncached", uncached)
 
 
-def headroom(limit: int, usage: int, inactive_file: int) -> int:
-    """limit - working set, where the working set leaves out reclaimable inactive page cache
-    (the kubelet's definition) and is never negative."""
-    working_set = usage - inactive_file
-    return limit - working_set if working_set > 0 else limit
-
-
 def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, mode: str,
          reason: str, expires: Optional[float], generation: int) -> Snapshot:
     """The snapshot of resolved levels; `reason` is the watch state's (problems of the levels
@@ -211,7 +204,8 @@ def without_descriptors(snap: Snapshot, reason: str, expires: float) -> Snapshot
 
 
 def read_levels(snap: Snapshot) -> list[LevelInfo]:
-    """Every level from the process's cgroup to the top, read now, with the binding marks."""
+    """Every level from the process's cgroup to the top, read now, with the binding marks
+    (`headroom.binding_levels`: a level binds only where the host does not bind tighter)."""
     res = snap.resolution
     if not isinstance(res, discovery.Resolved):
         return []
@@ -237,36 +231,19 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
         reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
                                room, False, False, problem, high, high_room, swap_limit,
                                swap_usage, lvl.hidden))
-    # The marks follow the answers: a level binds only if the host does not bind tighter
-    # (a tie with MemTotal / MemAvailable marks the level: it binds as much).
-    limits = [r.limit for r in reads if r.limit is not None]
-    total_binder = min(limits) if limits and min(limits) <= snap.host.total else None
-    rooms = [r.headroom for r in reads if r.headroom is not None]
-    room_binder = min(rooms) if rooms else None
-    if room_binder is not None:
-        try:
-            if snap.host.available() < room_binder:
-                room_binder = None
-        except (OSError, ValueError):
-            pass
-    result = []
-    for info in reads:
-        # Only the first (deepest) of equal levels is marked as binding.
-        binds_total = total_binder is not None and info.limit == total_binder
-        binds_available = room_binder is not None and info.headroom == room_binder
-        if binds_total:
-            total_binder = None
-        if binds_available:
-            room_binder = None
-        result.append(replace(info, binds_total=binds_total, binds_available=binds_available))
-    return result
+    total_at, available_at = binding_levels(
+        [r.limit for r in reads], [r.headroom for r in reads], snap.host.total,
+        _host_available(snap.host) if any(r.headroom is not None for r in reads) else None)
+    return [replace(info, binds_total=i == total_at, binds_available=i == available_at)
+            for i, info in enumerate(reads)]
 
 
-def throttle_headroom(levels: Sequence[LevelInfo]) -> Optional[int]:
-    """The least of high - working set over the levels with a v2 memory.high, at least 0
-    (None: no such level)."""
-    rooms = [i.high_headroom for i in levels if i.high_headroom is not None]
-    return max(0, min(rooms)) if rooms else None
+def _host_available(host: HostMemory) -> Optional[int]:
+    """MemAvailable, or None when it cannot be read (the marks then follow the levels)."""
+    try:
+        return host.available()
+    except (OSError, ValueError):
+        return None
 
 
 def _optional_number(lvl: Level, name: str, version: int) -> Optional[int]:

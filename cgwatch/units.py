@@ -1,4 +1,4 @@
-"""Human-readable byte sizes for the command's table."""
+"""Internal. Human-readable byte sizes for the command's table."""
 
 from __future__ import annotations
 

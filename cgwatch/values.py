@@ -1,4 +1,4 @@
-"""Parse the values inside cgroup and /proc memory files.
+"""Internal. Parse the values inside cgroup and /proc memory files.
 
 Pure functions on text or bytes, table-tested in tests/test_values.py. Every parser raises
 ValueError on input it cannot trust, so the caller can fall back and say why.

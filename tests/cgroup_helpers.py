@@ -200,6 +200,22 @@ def cgroup_tree() -> Iterator[Tree]:
         tree.remove_all()
 
 
+V1_MEMORY_MOUNT = "/sys/fs/cgroup/memory"
+
+
+@contextmanager
+def v1_memory_tree(why_v1: str) -> Iterator[Tree]:
+    """cgroup_tree() on a host whose v1 memory hierarchy is mounted at V1_MEMORY_MOUNT (the
+    tests that remount it in a private mount namespace); skipped otherwise, `why_v1` saying
+    why v2 cannot stand in."""
+    with cgroup_tree() as t:
+        if t.version != 1:
+            pytest.skip(why_v1)
+        if not os.path.isdir(V1_MEMORY_MOUNT):
+            pytest.skip(f"the v1 memory hierarchy is not at {V1_MEMORY_MOUNT}")
+        yield t
+
+
 def enable_memory_for_children(directory: str, version: int) -> None:
     """v2: let `directory`'s children have the memory controller, if it does not already
     (needed where the test runs in the root cgroup, as in the VM tier). Best effort: a

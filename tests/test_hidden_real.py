@@ -11,26 +11,28 @@ Made here as a runtime makes it: a child process moves itself into an unlimited 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, real_kernel_marks
+from tests.cgroup_helpers import (
+    PROJECT,
+    V1_MEMORY_MOUNT,
+    MiB,
+    Tree,
+    real_kernel_marks,
+    v1_memory_tree,
+)
 
 pytestmark = real_kernel_marks()
 
-MOUNT_POINT = "/sys/fs/cgroup/memory"
+MOUNT_POINT = V1_MEMORY_MOUNT
 
 
 @pytest.fixture
 def tree() -> Iterator[Tree]:
-    with cgroup_tree() as t:
-        if t.version != 1:
-            pytest.skip("hierarchical_memory_limit is v1's; v2 shows no hidden limit")
-        if not os.path.isdir(MOUNT_POINT):
-            pytest.skip(f"the v1 memory hierarchy is not at {MOUNT_POINT}")
+    with v1_memory_tree("hierarchical_memory_limit is v1's; v2 shows no hidden limit") as t:
         yield t
 
 

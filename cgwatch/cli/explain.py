@@ -1,6 +1,6 @@
-"""What `cgwatch run` prints when an OOM kill happened while its command ran: which limit the
-kernel says was reached (a visible level's, one above the visible hierarchy, or none: the
-host ran out), the limit, the peak usage, and what would help.
+"""Internal. What `cgwatch run` prints when an OOM kill happened while its command ran: which
+limit the kernel says was reached (a visible level's, one above the visible hierarchy, or none:
+the host ran out), the limit, the peak usage, and what would help.
 
 `find_culprit` (which level ran out of memory) and `explain` (the text) are pure and
 table-tested in tests/test_cli_run_explain.py; run.py gathers their inputs.

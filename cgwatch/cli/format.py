@@ -1,4 +1,4 @@
-"""The text line of one event or headroom alert, as `cgwatch watch` prints it and
+"""Internal. The text line of one event or headroom alert, as `cgwatch watch` prints it and
 `cgwatch run -v` passes it to stderr."""
 
 from __future__ import annotations

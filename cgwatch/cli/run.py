@@ -1,4 +1,4 @@
-"""`cgwatch run -- CMD [ARGS]`: run CMD in the current cgroup while watching its memory
+"""Internal. `cgwatch run -- CMD [ARGS]`: run CMD in the current cgroup while watching its memory
 events, exit with CMD's status, and say why when the OOM killer struck.
 
 - The exit status is CMD's; death by signal N gives 128+N, as shells report it (SIGKILL:

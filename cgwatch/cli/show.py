@@ -1,4 +1,4 @@
-"""The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
+"""Internal. The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
 totals, as a table or JSON; and /dev/shm when it is smaller than the available memory (JSON:
 always, with `limits` saying whether it is)."""
 
@@ -8,9 +8,9 @@ import json
 import sys
 from typing import Any
 
+from ..headroom import throttle_headroom
 from ..monitor import Monitor
 from ..shm import shm_limits, shm_usage
-from ..snapshot import throttle_headroom
 from ..units import human_bytes
 
 LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least headroom"}
@@ -28,7 +28,7 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
     return {
         "total_memory": monitor.total_memory(),
         "available_memory": available,
-        "throttle_headroom": throttle_headroom(levels),
+        "throttle_headroom": throttle_headroom([lvl.high_headroom for lvl in levels]),
         "dev_shm": None if shm is None else {**shm.as_dict(),
                                              "limits": shm_limits(shm, available)},
         "host": {"mem_total": host_total, "mem_available": host_available,

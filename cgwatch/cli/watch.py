@@ -1,4 +1,4 @@
-"""`cgwatch watch`: the current headroom, then one line per memory event and per headroom
+"""Internal. `cgwatch watch`: the current headroom, then one line per memory event and per headroom
 threshold crossing until Ctrl-C (or SIGTERM); `--json` prints JSON lines instead. Bursts of
 one counter at one level are coalesced (coalesce.py), and a /dev/shm fuller than
 `--shm-above` is warned about (and its recovery told) once per crossing."""

@@ -1,6 +1,6 @@
-"""The environment switches (`CGWATCH_PSUTIL`, `CGWATCH_DEEPSPEED`: one per row of the hook
-table in `_autoload.py`): the .pth file that arms them, and `python -m cgwatch.integrations`
-(install-pth, uninstall-pth, status, check).
+"""Internal. The environment switches (`CGWATCH_PSUTIL`, `CGWATCH_DEEPSPEED`: one per row of
+the hook table in `_autoload.py`): the .pth file that arms them, and `python -m
+cgwatch.integrations` (install-pth, uninstall-pth, status, check).
 
 `install-pth` writes `cgwatch-autoload.pth` into site-packages, once per environment. Python
 runs its one line at every start (site.py executes .pth lines that begin with `import`):

@@ -1,0 +1,349 @@
+"""The layer map of docs/design.md section 2, as a test: every module of cgwatch/ has a layer,
+no import goes to a higher layer except the ones listed here (and in design.md), every
+internal module's docstring starts with "Internal.", the design table says what LAYER says,
+and the package's import cycles are the known ones.
+
+How the import graph is drawn (`import_graph`): an AST walk of every .py file under cgwatch/,
+every `import` and `from ... import` at any depth (module level, inside functions, inside
+try/if), relative ones resolved against the importing module's package; `from . import x`
+counts as an import of the module `x` when `x` is one, else of the package. The lazy names of
+`cgwatch/__init__.py` (`_LAZY`, loaded with importlib on first use) are edges too. Not edges:
+- imports inside `if TYPE_CHECKING:` blocks: they load nothing at run time, and a type-only
+  import may point anywhere (/work/shared/STYLE.md section 1: a pure guard would take the
+  `MemorySource` protocol from psutil_view that way);
+- the parent packages Python runs before a submodule (`cgwatch.cli.show` runs
+  `cgwatch/cli/__init__.py` first): every module would then import `cgwatch`;
+- importlib.import_module of third-party modules (DeepSpeed's accelerator).
+A cycle is a strongly connected component of more than one module of that graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import pytest
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(PROJECT, "cgwatch")
+
+# The layers, bottom up. A module may import from its own layer and the ones below it.
+LAYERS = ("base", "pure rules", "I/O edges", "machinery", "core", "public API", "package",
+          "commands", "tests' door")
+
+# module -> layer. A new module gets a line here (test_every_module_has_a_layer says so), and
+# a row of the table in docs/design.md section 2 (test_design_table_matches).
+LAYER = {
+    # Serve every floor: value classes without dataclasses, the lazy logger.
+    "cgwatch.frozen": "base",
+    "cgwatch.logs": "base",
+    # Parse text, decide on numbers; no I/O.
+    "cgwatch.values": "pure rules",
+    "cgwatch.units": "pure rules",
+    "cgwatch.names": "pure rules",
+    "cgwatch.discovery": "pure rules",
+    "cgwatch.counters": "pure rules",
+    "cgwatch.alerts": "pure rules",
+    "cgwatch.event": "pure rules",
+    "cgwatch.headroom": "pure rules",
+    "cgwatch.envswitch": "pure rules",
+    # Read kernel files, own descriptors.
+    "cgwatch.files": "I/O edges",
+    "cgwatch.kept": "I/O edges",
+    "cgwatch.tree": "I/O edges",
+    "cgwatch.hostmem": "I/O edges",
+    "cgwatch.watcher": "I/O edges",
+    "cgwatch.notify": "I/O edges",
+    "cgwatch.shm": "I/O edges",
+    # The thread, the watch set, the immutable snapshot, the seam types.
+    "cgwatch.loop": "machinery",
+    "cgwatch.seam": "machinery",
+    "cgwatch.watching": "machinery",
+    "cgwatch.snapshot": "machinery",
+    # Keep one monitor's snapshot true; count and log one layout's events.
+    "cgwatch.tracker": "core",
+    "cgwatch.scanner": "core",
+    "cgwatch.eventlog": "core",
+    # What users hold.
+    "cgwatch.monitor": "public API",
+    "cgwatch.events": "public API",
+    "cgwatch.psutil_view": "public API",
+    "cgwatch.prometheus": "public API",
+    "cgwatch.integrations": "public API",
+    "cgwatch.integrations._autoload": "public API",
+    "cgwatch.integrations.deepspeed": "public API",
+    "cgwatch.integrations.switches": "public API",
+    # `cgwatch` itself: the module functions, the default monitor, the lazy names.
+    "cgwatch": "package",
+    # The commands; the library never imports them.
+    "cgwatch.__main__": "commands",
+    "cgwatch.integrations.__main__": "commands",
+    "cgwatch.cli": "commands",
+    "cgwatch.cli.__main__": "commands",
+    "cgwatch.cli.coalesce": "commands",
+    "cgwatch.cli.explain": "commands",
+    "cgwatch.cli.format": "commands",
+    "cgwatch.cli.run": "commands",
+    "cgwatch.cli.runlog": "commands",
+    "cgwatch.cli.serve": "commands",
+    "cgwatch.cli.show": "commands",
+    "cgwatch.cli.watch": "commands",
+    # What tests need of internals; only tests import it.
+    "cgwatch.testdoor": "tests' door",
+}
+
+# Imports to a higher layer that are meant (design.md section 2 lists them too): each one is
+# the default monitor, imported inside the function that needs it when the caller passed no
+# monitor (at module level it would be a circle: cgwatch/__init__ imports the layers below).
+DEFAULT_MONITOR = "the default monitor, imported lazily when no monitor is given"
+UPWARD = {
+    ("cgwatch.events", "cgwatch"): "Events(monitor=None): " + DEFAULT_MONITOR,
+    ("cgwatch.psutil_view", "cgwatch"): "the patched psutil calls: " + DEFAULT_MONITOR,
+    ("cgwatch.prometheus", "cgwatch"): "MonitorCollector(monitor=None): " + DEFAULT_MONITOR,
+    ("cgwatch.integrations.deepspeed", "cgwatch"): "the accelerator: " + DEFAULT_MONITOR,
+}
+
+# Import cycles of the runtime graph that exist today, each with why.
+KNOWN_CYCLES = {
+    # `cgwatch.Events` is loaded through _LAZY; Events(monitor=None) imports the package back
+    # inside __init__ (the UPWARD entry above). Both directions are lazy: neither runs at
+    # `import cgwatch`.
+    frozenset({"cgwatch", "cgwatch.events"}): "lazy both ways",
+}
+
+# Public per design.md section 2: what `cgwatch/__init__.py` exports, the modules users import
+# by name, and the command's entry points. Every other module is internal.
+PUBLIC = {
+    "cgwatch", "cgwatch.__main__", "cgwatch.events", "cgwatch.alerts", "cgwatch.event",
+    "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.integrations",
+    "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed", "cgwatch.cli",
+    "cgwatch.cli.__main__",
+}
+
+
+class Edge(NamedTuple):
+    source: str
+    target: str
+    line: int
+    lazy: bool  # inside a function (or through _LAZY)
+
+
+def module_files(package_dir: str = PACKAGE) -> dict[str, str]:
+    """module name -> file, for every .py file under `package_dir`."""
+    top = os.path.dirname(package_dir)
+    found = {}
+    for directory, _, files in os.walk(package_dir):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(directory, name)
+                module = os.path.relpath(path, top)[:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _walk(node: ast.AST, lazy: bool = False) -> Iterator[tuple[ast.AST, bool]]:
+    """Every import node under `node` outside TYPE_CHECKING blocks, with whether it runs
+    inside a function."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and _is_type_checking(child):
+            for other in child.orelse:  # the `else:` of a TYPE_CHECKING test runs
+                yield from _walk(other, lazy)
+            continue
+        inside = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, inside
+        yield from _walk(child, inside)
+
+
+def _lazy_names(tree: ast.Module) -> dict[str, str]:
+    """The `_LAZY` dict literal of cgwatch/__init__.py (name -> module), {} if none."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_LAZY" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, dict)
+            return value
+    return {}
+
+
+def import_graph(package_dir: str = PACKAGE) -> list[Edge]:
+    """Every runtime import from a module of the package to another (see the docstring)."""
+    files = module_files(package_dir)
+    root = os.path.basename(package_dir)
+    edges = []
+    for module, path in sorted(files.items()):
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+        for node, lazy in _walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                assert isinstance(node, ast.ImportFrom)
+                base = node.module or ""
+                if node.level:
+                    parent = package
+                    for _ in range(node.level - 1):
+                        parent = parent.rpartition(".")[0]
+                    base = parent + ("." + node.module if node.module else "")
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                           for alias in node.names]
+            for target in targets:
+                if target.split(".")[0] == root and target != module:
+                    edges.append(Edge(module, target, node.lineno, lazy))
+        if module == root:
+            for lazy_module in _lazy_names(tree).values():
+                edges.append(Edge(module, f"{root}.{lazy_module}", 0, True))
+    return edges
+
+
+def import_cycles(edges: list[Edge]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module."""
+    succ: dict[str, set[str]] = {}
+    for e in edges:
+        succ.setdefault(e.source, set()).add(e.target)
+        succ.setdefault(e.target, set())
+
+    def reach(start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for nxt in succ[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    reachable = {m: reach(m) for m in succ}
+    components = {frozenset(m2 for m2 in reachable[m] if m in reachable[m2]) for m in succ}
+    return sorted((c for c in components if len(c) > 1), key=sorted)
+
+
+def upward_imports(edges: list[Edge]) -> list[Edge]:
+    """The edges to a higher layer that UPWARD does not list."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    return [e for e in edges if rank[LAYER[e.target]] > rank[LAYER[e.source]]
+            and (e.source, e.target) not in UPWARD]
+
+
+EDGES = import_graph()
+
+
+def test_every_module_has_a_layer() -> None:
+    files = set(module_files())
+    assert not files - set(LAYER), "give these modules a layer in LAYER (and design.md §2)"
+    assert not set(LAYER) - files, "these modules are gone: drop them from LAYER"
+    assert set(LAYER.values()) <= set(LAYERS)
+
+
+def test_the_walk_sees_every_kind_of_import() -> None:
+    # One of each form, as the package writes them today: a module-level relative import, a
+    # function-local `from . import x`, an absolute `import cgwatch` in a function, a
+    # `from ..x import y` of a subpackage, and a _LAZY name.
+    got = {(e.source, e.target, e.lazy) for e in EDGES}
+    assert ("cgwatch.monitor", "cgwatch.tracker", False) in got
+    assert ("cgwatch.events", "cgwatch", True) in got
+    assert ("cgwatch.psutil_view", "cgwatch", True) in got
+    assert ("cgwatch.cli.show", "cgwatch.monitor", False) in got
+    assert ("cgwatch", "cgwatch.events", True) in got
+    # ... and skips type-only imports (monitor.py takes LimitedLevel under TYPE_CHECKING
+    # only; prometheus.py takes tree.Level that way).
+    assert ("cgwatch.prometheus", "cgwatch.tree") not in {(e.source, e.target) for e in EDGES}
+
+
+def test_no_import_goes_upward() -> None:
+    bad = upward_imports(EDGES)
+    assert not bad, "\n".join(
+        f"{e.source} (line {e.line}, {LAYER[e.source]}) imports {e.target} "
+        f"({LAYER[e.target]}): a lower layer must not import a higher one; move the code, "
+        "or list the import in UPWARD and docs/design.md §2 with why" for e in bad)
+
+
+def test_every_listed_upward_import_still_exists() -> None:
+    present = {(e.source, e.target) for e in EDGES}
+    gone = [pair for pair in UPWARD if pair not in present]
+    assert not gone, f"no longer imported: drop them from UPWARD and design.md §2: {gone}"
+
+
+def test_import_cycles_are_the_known_ones() -> None:
+    cycles = set(import_cycles(EDGES))
+    new = [sorted(c) for c in cycles - set(KNOWN_CYCLES)]
+    assert not new, f"new import cycles: {new}"
+    gone = [sorted(c) for c in set(KNOWN_CYCLES) - cycles]
+    assert not gone, f"these cycles are gone: drop them from KNOWN_CYCLES: {gone}"
+
+
+def _docstring(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return ast.get_docstring(ast.parse(f.read()), clean=False) or ""
+
+
+@pytest.mark.parametrize("module", sorted(LAYER))
+def test_internal_modules_say_so(module: str) -> None:
+    doc = _docstring(module_files()[module])
+    assert doc, f"{module} has no docstring"
+    if module in PUBLIC:
+        assert not doc.startswith("Internal."), f"{module} is public (design.md §2)"
+    else:
+        assert doc.startswith("Internal."), (
+            f"{module} is internal (not public per design.md §2): its docstring must start "
+            "with 'Internal.'")
+
+
+def _design_table() -> dict[str, str]:
+    """module -> layer, from the layer table of docs/design.md section 2. A cell's `x.py` is
+    cgwatch/x.py; `dir/` is every module of cgwatch/dir/ the table does not name elsewhere;
+    `dir/x.py` is that module."""
+    with open(os.path.join(PROJECT, "docs", "design.md"), encoding="utf-8") as f:
+        text = f.read()
+    rows = re.findall(r"^\| ([^|]+?) \| ([^|]+) \|", text, re.M)
+    files = module_files()
+    named: dict[str, str] = {}
+    packages: dict[str, str] = {}
+    for layer, cell in rows:
+        if layer not in LAYERS:
+            continue
+        for token in re.findall(r"`([\w/]+(?:\.py)?)`", cell):
+            if token.endswith("/"):
+                packages["cgwatch." + token.rstrip("/").replace("/", ".")] = layer
+            elif token.endswith(".py"):
+                name = "cgwatch." + token[:-3].replace("/", ".")
+                named[name.removesuffix(".__init__")] = layer
+    for module in files:
+        if module not in named:
+            owner = max((p for p in packages if module == p or module.startswith(p + ".")),
+                        key=len, default=None)
+            if owner is not None:
+                named[module] = packages[owner]
+    return named
+
+
+def test_design_table_matches() -> None:
+    table = _design_table()
+    assert table == LAYER, "docs/design.md §2's layer table and LAYER disagree: " + repr(
+        {m: (table.get(m), LAYER.get(m)) for m in set(table) | set(LAYER)
+         if table.get(m) != LAYER.get(m)})
+
+
+if __name__ == "__main__":  # python -m tests.test_layers [PACKAGE_DIR]: the graph's figures
+    import sys
+
+    where = sys.argv[1] if len(sys.argv) > 1 else PACKAGE
+    graph = import_graph(where)
+    print(f"{len(module_files(where))} modules, {len({(e.source, e.target) for e in graph})} "
+          f"import edges ({len({(e.source, e.target) for e in graph if e.lazy})} lazy)")
+    for cycle in import_cycles(graph):
+        print("cycle:", " ".join(sorted(cycle)))
+    print("cycles without the lazy imports:", len(import_cycles([e for e in graph if not e.lazy])))
+    for e in sorted({(e.source, e.target) for e in graph
+                     if LAYERS.index(LAYER.get(e[1], "commands"))
+                     > LAYERS.index(LAYER.get(e[0], "commands"))}):
+        print("upward:", *e)
