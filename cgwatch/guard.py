@@ -17,10 +17,12 @@ API (`available_memory()`, `levels()`, `status`), the `Events` of that monitor (
 and v2 `high` rises on the path), and, on v2, each level's `memory.pressure` in the
 directory `levels()` names.
 
-Cost: between samples (every `interval` seconds, 0.5 by default) a check is one
-`time.monotonic()` and one `available_memory()`, as long as that stays above the reserve
-with room for `interval` seconds of growth; nearer than that, every check samples
-(`levels()`, a few microseconds per level). bench/guard.py measures both.
+Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
+sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
+and the policy) comes every `interval` seconds (0.5), or every `near_interval` (0.05) while
+`available_memory()` is within the reserve plus the growth expected before the next sample,
+and at once when it falls under the least reserve of any level: a breach is never left
+waiting for the clock. bench/guard.py measures both kinds of check.
 
 Every change of the decision (stop or not, the trigger, the level) is one log record on the
 "cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
@@ -63,17 +65,19 @@ class Guard:
     to keep at every limited level, bytes or a size ("512M") or a share of that level's
     limit ("5%"). `checkpoint_seconds`: what a save takes until the job reports its own
     (`saving()`, `saved()`); `margin`: the forecast must leave that times the checkpoint
-    time. `interval`: seconds between samples. `pressure`: the PSI line ("full" or "some")
-    and `pressure_threshold` its stall share that counts as throttled, for
-    `throttle_seconds` in a row (0: never stop for throttling). `events`: an `Events` of the
-    same monitor to learn OOM kills and `high` rises from, True to make one (closed with the
-    guard), False for none. `bucket`, `span`, `window`: the forecast's (forecast.py).
+    time. `interval`: seconds between samples; `near_interval`: between samples while
+    `available_memory()` is within the reserve plus the growth expected meanwhile.
+    `pressure`: the PSI line ("full" or "some") and `pressure_threshold` its stall share
+    that counts as throttled, for `throttle_seconds` in a row (0: never stop for
+    throttling). `events`: an `Events` of the same monitor to learn OOM kills and `high`
+    rises from, True to make one (closed with the guard), False for none. `bucket`, `span`,
+    `window`: the forecast's (forecast.py).
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
                  reserve: Union[int, str, Threshold] = "5%",
                  checkpoint_seconds: float = 60.0, margin: float = 1.5,
-                 interval: float = 0.5, pressure: str = "full",
+                 interval: float = 0.5, near_interval: float = 0.05, pressure: str = "full",
                  pressure_threshold: float = 0.10, throttle_seconds: float = 30.0,
                  events: Union[bool, Events] = True, bucket: float = 1.0, span: int = 5,
                  window: int = 12) -> None:
@@ -83,8 +87,9 @@ class Guard:
             monitor = default_monitor()
         if pressure not in ("some", "full"):
             raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
-        if checkpoint_seconds < 0 or margin < 1 or interval < 0 or throttle_seconds < 0:
-            raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, interval >= 0, "
+        if checkpoint_seconds < 0 or margin < 1 or interval < 0 or near_interval < 0 \
+                or throttle_seconds < 0:
+            raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
                              "throttle_seconds >= 0")
         threshold = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
@@ -92,6 +97,7 @@ class Guard:
         self.reserve = threshold
         self.margin = margin
         self.interval = interval
+        self.near_interval = near_interval
         self.pressure = pressure
         self.throttle_seconds = throttle_seconds
         self._configured_checkpoint = float(checkpoint_seconds)
@@ -107,7 +113,10 @@ class Guard:
         self._callbacks: list[Callable[[Verdict], None]] = []
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
         self._due = 0.0  # the next sample, time.monotonic()
-        self._near = 0  # available_memory() at or below this: sample on every check
+        self._near = 0  # available_memory() at or below this: sample every near_interval
+        self._floor = 0  # the least reserve of any level: available_memory() below it breaches
+        self._sampled = float("-inf")  # the last sample, time.monotonic()
+        self._host_low = False  # available_memory() under _floor was the host's, not a level's
         self._verdict = Verdict(False, policy.OK, lead=self.lead)
         self._events: Optional[Events] = None
         self._own_events = False
@@ -126,11 +135,19 @@ class Guard:
     def check(self, step: Optional[int] = None) -> Verdict:
         """The decision now (never raises). Cheap between samples: see the module docstring."""
         now = _monotonic()
-        if now < self._due and self._killed == self._verdict.killed \
-                and self.monitor.available_memory() > self._near:
-            return self._verdict  # its `step` is the one of the check that decided it
+        available = None
+        if self._killed == self._verdict.killed and now < self._due:
+            available = self.monitor.available_memory()
+            if available > self._near:
+                return self._verdict  # its `step` is the one of the check that decided it
+            # Near the reserve: sample every near_interval, and at once when a level is
+            # certainly under its reserve while the verdict does not say so (unless the last
+            # sample found that it was the host's MemAvailable, which no reserve covers).
+            if now < self._sampled + self.near_interval and (
+                    self._verdict.stop or available >= self._floor or self._host_low):
+                return self._verdict
         try:
-            return self._sample(now, step)
+            return self._sample(now, step, available)
         except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
             log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
             self._due = now + max(self.interval, 1.0)
@@ -203,7 +220,7 @@ class Guard:
             path = item.cgroup_path
             self._high_rises[path] = self._high_rises.get(path, 0) + item.new - item.old
 
-    def _sample(self, now: float, step: Optional[int]) -> Verdict:
+    def _sample(self, now: float, step: Optional[int], available: Optional[int]) -> Verdict:
         with self._lock:
             readings = self._read(now)
             lead = self.lead
@@ -217,14 +234,18 @@ class Guard:
             # Far enough that `interval` seconds of growth (or a doubling of the last
             # growth rate) cannot pass the reserve before the next sample.
             self._near = max(floors, default=0) + int(2 * growth * max(self.interval, lead))
+            self._floor = min(floors, default=0)
+            self._host_low = available is not None and available < self._floor \
+                and not verdict.stop
             self._due = now + self.interval
+            self._sampled = now
             previous, self._verdict = self._verdict, verdict
         if verdict.key() != previous.key():
             self._announce(verdict)
         return verdict
 
     def _read(self, now: float) -> list[Reading]:
-        version = self.monitor.status.version
+        version: Optional[int] = None  # read only for a level with memory.high (v2's)
         readings = []
         seen = set()
         for lvl in self.monitor.levels():
@@ -239,6 +260,8 @@ class Guard:
             forecaster.add(now, max(0, lvl.usage - lvl.inactive_file))
             throttled_for, share = 0.0, None
             if lvl.high is not None:
+                if version is None:
+                    version = self.monitor.status.version
                 share = self._stall_share(now, path, lvl.directory) if version == 2 else None
                 rises = self._high_rises.get(path, 0)
                 high_rose = rises > self._high_seen.get(path, 0)
