@@ -16,6 +16,8 @@ AVAILABLE_RATIO = 0.3  # available_memory() with one limited level vs psutil
 AVAILABLE_FLOOR_RATIO = 1.2  # the same vs the kept-fd reads alone (its syscalls, no logic)
 ANCESTOR_NOISE = 0.05  # "nothing measurable": within 5% of the same call with fewer levels
 LATENCY_P99_MS = 5.0
+GUARD_FAR_RATIO = 1.5  # Guard.check() far from thresholds vs available_memory()
+GUARD_STEP_SECONDS = 100e-6  # 1% of a 10 ms training step
 
 
 def _ns(seconds_ns: float) -> str:
@@ -133,6 +135,20 @@ def events_table(ev: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def guard_table(row: dict[str, Any]) -> list[str]:
+    out = [f"**Guard.check() per step** ({row['name']}, {row['levels']} levels) — per call, "
+           "best of the interleaved rounds (median)", "",
+           "| candidate | time | / available_memory() | / psutil.virtual_memory() |",
+           "|---|---|---|---|"]
+    for name in ("guard.check (far)", "guard.check (near, between samples)",
+                 "guard.check (a sampling check)", "guard.check (near, per 10 ms step)",
+                 "cgwatch.available", "psutil"):
+        out.append(f"| {name} | {_cell(row, name)} | "
+                   f"{ratio(_best(row, name), _best(row, 'cgwatch.available'))} | "
+                   f"{ratio(_best(row, name), _best(row, 'psutil'))} |")
+    return out + [""]
+
+
 def misc_lines(results: dict[str, Any]) -> list[str]:
     out = []
     idle = results.get("idle")
@@ -222,6 +238,15 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     extra = None if idle is None else float(idle["wakeups_beyond_timer"])
     out.append(_target("idle: 0 wake-ups beyond the migration timer", extra, 0.0,
                        f"{extra:.0f} extra" if extra is not None else "", "skipped (--quick)"))
+    g = results.get("guard")
+    far = None if g is None else _best(g, "guard.check (far)") / _best(g, "cgwatch.available")
+    out.append(_target("Guard.check() far from thresholds <= 1.5x available_memory()", far,
+                       GUARD_FAR_RATIO, f"{far:.2f}x" if far is not None else "",
+                       "no cgroups made"))
+    near = None if g is None else _best(g, "guard.check (near, per 10 ms step)") / 1e9
+    out.append(_target("Guard.check() near thresholds <= 1% of a 10 ms step (100 µs)", near,
+                       GUARD_STEP_SECONDS, f"{near * 1e6:.1f} µs" if near is not None else "",
+                       "no cgroups made"))
     checks = all(r["check"]["total_equal"] and r["check"]["available_close"]
                  for r in results["calls"])
     out.append({"target": "answers agree with the uncached walk",
@@ -245,6 +270,8 @@ def render(results: dict[str, Any]) -> str:
         lines += latency_table(results["latency"])
     if results.get("events_latency"):
         lines += events_table(results["events_latency"])
+    if results.get("guard"):
+        lines += guard_table(results["guard"])
     lines += misc_lines(results)
     lines += target_table(results["targets"])
     return "\n".join(lines)

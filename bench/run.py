@@ -6,8 +6,9 @@ Sections, in order: call cost where the process started (with the module functio
 cost in cgroups made below our own at depth 1, 3 and 10 with the deepest level limited or all
 limited (the process moves itself into the deepest one and back), each place also timing
 total_memory() in the freshness modes (fresh=False, thread=False, a confirm on every call)
-and the syscall floors under those checks, limit-write latency (also with fresh=False, the
-thread's path), OOM kill -> Events callback latency, monitor start-up, import time and RSS
+and the syscall floors under those checks, the guard's check() per step (far from its thresholds
+and near them, bench/guard.py), limit-write latency (also with fresh=False, the thread's
+path), OOM kill -> Events callback latency, monitor start-up, import time and RSS
 in fresh interpreters, and the idle cost of the thread (not with --quick). Missed targets
 print MISS; the exit status is non-zero only if the bench crashes.
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cgwatch
-from bench import calls, cgroups, events_latency, idle, latency, report
+from bench import calls, cgroups, events_latency, guard, idle, latency, report
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ def cgroup_sections(plan: Plan, results: dict[str, Any]) -> None:
                 results["startup"][name] = idle.startup_time(cgwatch.Monitor,
                                                              plan.startup_repeat)
     with cgroups.nest(1, "leaf", limit) as nest, cgroups.inside(nest):
+        progress("guard.check() per step: far from thresholds and near them")
+        results["guard"] = guard.scenario("depth 1, leaf limited", plan.rounds,
+                                          plan.batch_seconds)
         latency_section(plan, nest, limit, results)
         if plan.floor:
             progress(f"limit-write latency floor: a bare Python thread, {plan.trials} trials")

@@ -6,6 +6,7 @@
 
 Both never raise. `cgwatch.Monitor` gives a private monitor, its levels and status.
 `cgwatch.Events` reports memory events (OOM kills, limit hits) and headroom alerts.
+`cgwatch.Guard` says when a job should save and stop, before the OOM killer acts.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ if TYPE_CHECKING:
     from .alerts import HeadroomAlert, Threshold
     from .event import Event
     from .events import Events
+    from .guard import GUARD_EXIT_STATUS, Guard, Verdict
     from .shm import ShmUsage, shm_usage
 
 # The events layer loads on first use, so `import cgwatch` stays as cheap as the queries.
 _LAZY = {"Event": "event", "Events": "events", "HeadroomAlert": "alerts",
-         "Threshold": "alerts", "shm_usage": "shm", "ShmUsage": "shm"}
+         "Threshold": "alerts", "shm_usage": "shm", "ShmUsage": "shm", "Guard": "guard",
+         "GUARD_EXIT_STATUS": "guard", "Verdict": "guard"}
 
 __all__ = [
     "HOST",
@@ -44,6 +47,8 @@ __all__ = [
     "Change",
     "Event",
     "Events",
+    "GUARD_EXIT_STATUS",
+    "Guard",
     "HeadroomAlert",
     "Layout",
     "LevelInfo",
@@ -52,6 +57,7 @@ __all__ = [
     "ShmUsage",
     "Subscription",
     "Threshold",
+    "Verdict",
     "available_memory",
     "default_monitor",
     "set_default_monitor",

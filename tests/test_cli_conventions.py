@@ -43,7 +43,7 @@ def test_help_lists_subcommands_sizes_and_exit_statuses() -> None:
     assert usage.startswith("usage: cgwatch ") and "{watch,run" in usage
     flat = " ".join(proc.stdout.split())
     for text in ("watch ", "run ", "512M = 512Mi = 512MiB = 512MB", "141",
-                 "2 usage error", "128+N"):
+                 "2 usage error", "128+N", "75 (EX_TEMPFAIL"):
         assert text in flat, text
 
 
@@ -65,6 +65,12 @@ def test_python_dash_m_cgwatch_runs_the_table(host: FakeHost) -> None:
     (["watch", "--shm-above", "0"], "above 0 and at most 100"),
     (["watch", "--shm-above", "101%"], "above 0 and at most 100"),
     (["--json", "watch"], "--json before 'watch'"),
+    (["run", "--signal", "SIGUSR1", "--", "true"], "--signal needs --guard"),
+    (["run", "--reserve", "5%", "--", "true"], "--reserve needs --guard"),
+    (["run", "--guard", "--signal", "SIGNOPE", "--", "true"], "not a signal name"),
+    (["run", "--guard", "--signal", "0", "--", "true"], "not a signal number"),
+    (["run", "--guard", "--checkpoint-seconds", "-1", "--", "true"], "0 or more seconds"),
+    (["run", "--guard", "--reserve", "100%", "--", "true"], "between 0 and 1"),
     (["--frobnicate"], "unrecognized arguments"),
 ])
 def test_impossible_values_are_usage_errors(host: FakeHost, argv: list[str],

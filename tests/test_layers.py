@@ -50,6 +50,8 @@ LAYER = {
     "cgwatch.event": "pure rules",
     "cgwatch.headroom": "pure rules",
     "cgwatch.envswitch": "pure rules",
+    "cgwatch.forecast": "pure rules",
+    "cgwatch.policy": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -72,6 +74,7 @@ LAYER = {
     "cgwatch.events": "public API",
     "cgwatch.psutil_view": "public API",
     "cgwatch.prometheus": "public API",
+    "cgwatch.guard": "public API",
     "cgwatch.integrations": "public API",
     "cgwatch.integrations._autoload": "public API",
     "cgwatch.integrations.deepspeed": "public API",
@@ -104,6 +107,7 @@ UPWARD = {
     ("cgwatch.psutil_view", "cgwatch"): "the patched psutil calls: " + DEFAULT_MONITOR,
     ("cgwatch.prometheus", "cgwatch"): "MonitorCollector(monitor=None): " + DEFAULT_MONITOR,
     ("cgwatch.integrations.deepspeed", "cgwatch"): "the accelerator: " + DEFAULT_MONITOR,
+    ("cgwatch.guard", "cgwatch"): "Guard(monitor=None): " + DEFAULT_MONITOR,
 }
 
 # Import cycles of the runtime graph that exist today, each with why.
@@ -111,14 +115,15 @@ KNOWN_CYCLES = {
     # `cgwatch.Events` is loaded through _LAZY; Events(monitor=None) imports the package back
     # inside __init__ (the UPWARD entry above). Both directions are lazy: neither runs at
     # `import cgwatch`.
-    frozenset({"cgwatch", "cgwatch.events"}): "lazy both ways",
+    # `cgwatch.Guard` the same way, and Guard imports Events lazily for OOM kills.
+    frozenset({"cgwatch", "cgwatch.events", "cgwatch.guard"}): "lazy both ways",
 }
 
 # Public per design.md section 2: what `cgwatch/__init__.py` exports, the modules users import
 # by name, and the command's entry points. Every other module is internal.
 PUBLIC = {
     "cgwatch", "cgwatch.__main__", "cgwatch.events", "cgwatch.alerts", "cgwatch.event",
-    "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.integrations",
+    "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
     "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed", "cgwatch.cli",
     "cgwatch.cli.__main__",
 }

@@ -42,6 +42,34 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _signal(text: str) -> int:
+    """A signal for --guard to send: a name (SIGUSR1, USR1, sigterm) or a number."""
+    import signal
+
+    name = text.strip().upper()
+    if name.isascii() and name.isdigit():
+        number = int(name)
+        if number in set(signal.valid_signals()) and number != 0:
+            return number
+        raise argparse.ArgumentTypeError(f"not a signal number here: {text!r}")
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else "SIG" + name])
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"not a signal name: {text!r} (give e.g. SIGUSR1 "
+                                         "or SIGTERM)") from None
+
+
+def _checkpoint_seconds(text: str) -> float:
+    """0 or more seconds (0: a save takes no time; the forecast then never fires)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+    return value
+
+
 def _percent(text: str) -> float:
     """A fill level in percent, more than 0 and at most 100 (`90` or `90%`)."""
     stripped = text.strip()
@@ -59,7 +87,9 @@ SIZES_HELP = ("Sizes: a byte count (1048576) or a number with K, M, G or T; ever
               "docker --memory; unlike Kubernetes, M is not 10**6).")
 EXIT_HELP = ("Exit status: 0 done; 1 error; 2 usage error; 141 the output pipe was closed "
              "(`| head`), as for a program killed by SIGPIPE. `cgwatch run`: CMD's own "
-             "status, 128+N when a signal N ended it, 126 CMD not executable, 127 not found.")
+             "status, 128+N when a signal N ended it, 126 CMD not executable, 127 not found; "
+             "with --guard, 75 (EX_TEMPFAIL: saved, may be resumed) when CMD exited after the "
+             "guard's signal with 0 or of that signal.")
 
 
 def _paragraphs(*texts: str) -> str:
@@ -67,6 +97,14 @@ def _paragraphs(*texts: str) -> str:
     return "\n\n".join(textwrap.fill(t, 78) for t in texts)
 
 
+GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches this "
+              "cgroup, CMD's: when headroom falls below --reserve, when the working set is "
+              "predicted to reach a limit sooner than a save takes (--checkpoint-seconds x "
+              "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
+              "throttling above memory.high (v2), it says why on stderr and sends CMD "
+              "--signal once (default SIGTERM; SIGUSR1 is what Lightning's Slurm support "
+              "answers with a checkpoint). If the kill comes anyway it is explained as "
+              "without --guard.")
 COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
                  "once; further rises of it within 1 s make one line at the end of that second, "
                  "with the number of rises (`[37 rises in 1s]`).")
@@ -134,7 +172,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
             "before the watcher that explains the kill. It keeps counts and the "
             "first and last event per counter and level, not every event."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_paragraphs(COALESCE_HELP, EXIT_HELP))
+        epilog=_paragraphs(GUARD_HELP, COALESCE_HELP, SIZES_HELP, EXIT_HELP))
     run.add_argument("-v", "--verbose", action="store_true",
                      help="print memory events to stderr as they happen (bursts coalesced)")
     run.add_argument("--json", action="store_true",
@@ -142,6 +180,15 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                           "(also when nothing happened)")
     run.add_argument("--report", metavar="FILE",
                      help="also write the report as JSON to FILE, always")
+    run.add_argument("--guard", action="store_true",
+                     help="signal CMD to save and stop before the OOM killer strikes (below)")
+    run.add_argument("--signal", type=_signal, default=None, metavar="SIGNAL",
+                     help="what --guard sends CMD: SIGTERM (default), SIGUSR1, SIGINT, ...")
+    run.add_argument("--reserve", type=_threshold, default=None, metavar="SIZE|PCT",
+                     help="--guard: headroom to keep at every limited level, SIZE or PCT of "
+                          "that level's limit (default 5%%)")
+    run.add_argument("--checkpoint-seconds", type=_checkpoint_seconds, default=None,
+                     metavar="SECONDS", help="--guard: what CMD's save takes (default 60)")
     # REMAINDER: everything from CMD on is CMD's, its options included.
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
                      help="the command to run")

@@ -25,6 +25,12 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   reliably readable (dmesg_restrict, containers), so they are counted, not named.
 - v1 counts `oom_kill` only in the victim's own cgroup: a CMD that moves its processes into a
   cgroup below ours is not covered there (v2 counts the whole subtree).
+- `--guard`: a `cgwatch.Guard` on this cgroup (CMD's: `run` wraps it) is checked every
+  0.1 s on a thread (a check between the guard's own samples costs one
+  available_memory()); the first time it says stop, its message goes to stderr and CMD gets
+  `--signal` (default SIGTERM), once. When CMD then exits with 0 or of that signal, `run`
+  exits 75 (the guard's status, policy.py: saved, may be resumed); any other status is
+  CMD's own (its save failed, say), and a kill that comes anyway is explained as always.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from .. import names, values
 from ..event import Event
 from ..events import Events, Item
 from ..files import read_file, under_root
+from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
 from ..monitor import Monitor
 from ..shm import ShmUsage, shm_usage
 from ..snapshot import LevelInfo
@@ -126,6 +133,14 @@ def run_command(args: argparse.Namespace) -> int:
     if not command:
         print("cgwatch run: give a command: cgwatch run -- CMD [ARGS]", file=sys.stderr)
         return 2
+    guard_options = [name for name, value in (("--signal", args.signal),
+                                              ("--reserve", args.reserve),
+                                              ("--checkpoint-seconds",
+                                               args.checkpoint_seconds))
+                     if value is not None]
+    if guard_options and not args.guard:
+        print(f"cgwatch run: {guard_options[0]} needs --guard", file=sys.stderr)
+        return 2
     name = os.path.basename(command[0])
     logger = logging.getLogger("cgwatch")
     if not logger.handlers:
@@ -146,7 +161,8 @@ def run_command(args: argparse.Namespace) -> int:
 
         events.subscribe(collect)
         host_kills_before = _vmstat_oom_kills(args.root)
-        with _Relay() as relay, _ShmSampler(args.root) as shm:
+        guarding = _Guarding(monitor, events, args) if args.guard else None
+        with _Relay() as relay, _ShmSampler(args.root) as shm, _guarded(guarding):
             try:
                 proc = subprocess.Popen(command)
             except FileNotFoundError:
@@ -157,6 +173,8 @@ def run_command(args: argparse.Namespace) -> int:
                 return 126
             pid = proc.pid
             relay.started(proc)
+            if guarding is not None:
+                guarding.start(proc, name)
             prefer_not_to_be_killed(args.root)
             returncode = proc.wait()
         events.scan_now()  # rises that landed after the last notification was read
@@ -174,18 +192,32 @@ def run_command(args: argparse.Namespace) -> int:
         available = monitor.available_memory()
     shm_text = explain_shm(name, exit_status(returncode),
                            -returncode if returncode < 0 else None, shm.peak, available)
+    fired = guarding.fired if guarding is not None else None
+    status = guarded_status(returncode, fired, guarding.signum if guarding else None)
     if args.json or args.report:
         data = report_json(command, pid, returncode, report, runlog, shm.peak, shm.last,
                            shm_text, host_note)
+        if guarding is not None:
+            data["exit_status"] = status
+            data["guard"] = None if fired is None else {
+                **fired.as_dict(), "signal": signal_name(guarding.signum)}
         if args.report:
             _write_report(args.report, data)
     if args.json:
         print(json.dumps(data), file=sys.stderr, flush=True)
-        return exit_status(returncode)
+        return status
     for text in (host_note and "cgwatch: " + host_note,
                  report is not None and explain(report), shm_text):
         if text:
             print(text, file=sys.stderr, flush=True)
+    return status
+
+
+def guarded_status(returncode: int, fired: Optional[Verdict], signum: Optional[int]) -> int:
+    """`run`'s exit status: CMD's (exit_status), except that CMD ending with 0 or of the
+    guard's signal after the guard fired is the guard's status, 75 (module docstring)."""
+    if fired is not None and signum is not None and returncode in (0, -signum):
+        return GUARD_EXIT_STATUS
     return exit_status(returncode)
 
 
@@ -274,6 +306,70 @@ class _Verbose:
         for item, rises in lines:
             print(f"cgwatch: {format_item(item, self.events.limit_above(item))}"
                   f"{rises_suffix(rises)}", file=sys.stderr, flush=True)
+
+
+class _Guarding:
+    """`--guard`: the guard checked on a thread while CMD runs; the first stop signals CMD."""
+
+    INTERVAL = 0.1
+
+    def __init__(self, monitor: Monitor, events: Events, args: argparse.Namespace) -> None:
+        kwargs: dict[str, Any] = {}
+        if args.reserve is not None:
+            kwargs["reserve"] = args.reserve
+        if args.checkpoint_seconds is not None:
+            kwargs["checkpoint_seconds"] = args.checkpoint_seconds
+        self.guard = Guard(monitor, events=events, **kwargs)
+        self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)
+        self.fired: Optional[Verdict] = None
+        self.proc: Optional[subprocess.Popen[Any]] = None
+        self.name = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._check_until_stopped,
+                                        name="cgwatch-run-guard", daemon=True)
+
+    def start(self, proc: subprocess.Popen[Any], name: str) -> None:
+        self.proc = proc
+        self.name = name
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.guard.close()
+
+    def _check_until_stopped(self) -> None:
+        while not self._stop.wait(self.INTERVAL):
+            verdict = self.guard.check()
+            if verdict.stop:
+                self._fire(verdict)
+                return
+
+    def _fire(self, verdict: Verdict) -> None:
+        self.fired = verdict
+        proc = self.proc
+        assert proc is not None
+        print(f"{verdict.message()}; sending {signal_name(self.signum)} to {self.name} "
+              f"(pid {proc.pid})", file=sys.stderr, flush=True)
+        try:
+            proc.send_signal(self.signum)
+        except OSError:
+            pass  # it has exited already: its status says the rest
+
+
+class _guarded:
+    """`with _guarded(guarding)`: closes the guard's thread after CMD exits (None: no-op)."""
+
+    def __init__(self, guarding: Optional[_Guarding]) -> None:
+        self.guarding = guarding
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.guarding is not None:
+            self.guarding.close()
 
 
 class _ShmSampler:

@@ -1,0 +1,312 @@
+"""A memory guard: call `check(step)` every training step; it says when to save and stop,
+before the kernel's OOM killer ends the job or memory.high throttling stalls it.
+
+    with cgwatch.Guard(reserve="5%", checkpoint_seconds=60) as guard:
+        for step, batch in enumerate(loader):
+            train(batch)
+            verdict = guard.check(step)
+            if verdict.stop:
+                with guard.saving():          # times the save: later forecasts use it
+                    save_checkpoint()
+                print(verdict.message(), file=sys.stderr)
+                sys.exit(cgwatch.GUARD_EXIT_STATUS)   # 75 (policy.py says why)
+
+What it decides is policy.py (the triggers, their order, the exit status); how it predicts
+is forecast.py. This object samples and delivers, reading only through a monitor's public
+API (`available_memory()`, `levels()`, `status`), the `Events` of that monitor (OOM kills
+and v2 `high` rises on the path), and, on v2, each level's `memory.pressure` in the
+directory `levels()` names.
+
+Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
+sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
+and the policy) comes every `interval` seconds (0.5), or every `near_interval` (0.05) while
+`available_memory()` is within the reserve plus the growth expected before the next sample,
+and at once when it falls under the least reserve of any level: a breach is never left
+waiting for the clock. bench/guard.py measures both kinds of check.
+
+Every change of the decision (stop or not, the trigger, the level) is one log record on the
+"cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
+on the thread that called `check()`; never one per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+from . import policy
+from .alerts import Threshold
+from .forecast import Forecaster
+from .policy import EXIT_STATUS, Reading, Throttling, Verdict
+
+if TYPE_CHECKING:
+    from .events import Events
+    from .monitor import Monitor
+
+__all__ = ["GUARD_EXIT_STATUS", "Guard", "Verdict"]
+
+GUARD_EXIT_STATUS = EXIT_STATUS
+log = logging.getLogger("cgwatch")
+_monotonic = time.monotonic
+_KILLS = ("oom_kill", "oom_group_kill")
+_SAVES_KEPT = 5  # the longest of the last few saves is the checkpoint time
+
+
+class Guard:
+    """Decides *save and stop* for the job in this process's cgroup (policy.py).
+
+    `monitor`: whose levels to guard (default: the process-wide one). `reserve`: headroom
+    to keep at every limited level, bytes or a size ("512M") or a share of that level's
+    limit ("5%"). `checkpoint_seconds`: what a save takes until the job reports its own
+    (`saving()`, `saved()`); `margin`: the forecast must leave that times the checkpoint
+    time. `interval`: seconds between samples; `near_interval`: between samples while
+    `available_memory()` is within the reserve plus the growth expected meanwhile.
+    `pressure`: the PSI line ("full" or "some") and `pressure_threshold` its stall share
+    that counts as throttled, for `throttle_seconds` in a row (0: never stop for
+    throttling). `events`: an `Events` of the same monitor to learn OOM kills and `high`
+    rises from, True to make one (closed with the guard), False for none. `bucket`, `span`,
+    `window`: the forecast's (forecast.py).
+    """
+
+    def __init__(self, monitor: Optional[Monitor] = None, *,
+                 reserve: Union[int, str, Threshold] = "5%",
+                 checkpoint_seconds: float = 60.0, margin: float = 1.5,
+                 interval: float = 0.5, near_interval: float = 0.05, pressure: str = "full",
+                 pressure_threshold: float = 0.10, throttle_seconds: float = 30.0,
+                 events: Union[bool, Events] = True, bucket: float = 1.0, span: int = 5,
+                 window: int = 12) -> None:
+        if monitor is None:
+            from . import default_monitor
+
+            monitor = default_monitor()
+        if pressure not in ("some", "full"):
+            raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
+        if checkpoint_seconds < 0 or margin < 1 or interval < 0 or near_interval < 0 \
+                or throttle_seconds < 0:
+            raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
+                             "throttle_seconds >= 0")
+        threshold = reserve if isinstance(reserve, Threshold) else (
+            Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
+        self.monitor = monitor
+        self.reserve = threshold
+        self.margin = margin
+        self.interval = interval
+        self.near_interval = near_interval
+        self.pressure = pressure
+        self.throttle_seconds = throttle_seconds
+        self._configured_checkpoint = float(checkpoint_seconds)
+        self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
+        self._forecast_shape = (bucket, span, window)
+        Forecaster(bucket=bucket, span=span, window=window)  # refuses a bad shape here
+        self._forecasters: dict[str, Forecaster] = {}
+        self._throttling = Throttling(pressure_threshold)
+        self._psi: dict[str, tuple[float, int]] = {}  # path -> (time, total= us)
+        self._high_seen: dict[str, int] = {}  # path -> `high` rises counted at the last sample
+        self._high_rises: dict[str, int] = {}  # path -> `high` rises (Events thread writes)
+        self._killed = 0  # OOM kills on the path (Events thread writes, checks read)
+        self._callbacks: list[Callable[[Verdict], None]] = []
+        self._lock = threading.Lock()  # one sample at a time; never held while calling out
+        self._due = 0.0  # the next sample, time.monotonic()
+        self._near = 0  # available_memory() at or below this: sample every near_interval
+        self._floor = 0  # the least reserve of any level: available_memory() below it breaches
+        self._sampled = float("-inf")  # the last sample, time.monotonic()
+        self._host_low = False  # available_memory() under _floor was the host's, not a level's
+        self._verdict = Verdict(False, policy.OK, lead=self.lead)
+        self._events: Optional[Events] = None
+        self._own_events = False
+        if events is True:
+            from .events import Events
+
+            self._events = Events(monitor, log=False, queue_size=0)
+            self._own_events = True
+        elif events is not False:
+            self._events = events
+        if self._events is not None:
+            self._events.subscribe(self._on_event)
+
+    # ---- the per-step call --------------------------------------------------------------------
+
+    def check(self, step: Optional[int] = None) -> Verdict:
+        """The decision now (never raises). Cheap between samples: see the module docstring."""
+        now = _monotonic()
+        available = None
+        if self._killed == self._verdict.killed and now < self._due:
+            available = self.monitor.available_memory()
+            if available > self._near:
+                return self._verdict  # its `step` is the one of the check that decided it
+            # Near the reserve: sample every near_interval, and at once when a level is
+            # certainly under its reserve while the verdict does not say so (unless the last
+            # sample found that it was the host's MemAvailable, which no reserve covers).
+            if now < self._sampled + self.near_interval and (
+                    self._verdict.stop or available >= self._floor or self._host_low):
+                return self._verdict
+        try:
+            return self._sample(now, step, available)
+        except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
+            log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
+            self._due = now + max(self.interval, 1.0)
+            return self._verdict
+
+    @property
+    def verdict(self) -> Verdict:
+        """The decision of the last sample."""
+        return self._verdict
+
+    def subscribe(self, callback: Callable[[Verdict], None]) -> None:
+        """Call `callback(verdict)` once per change of the decision (stop or not, trigger,
+        level), on the thread that called check()."""
+        self._callbacks = [*self._callbacks, callback]
+
+    def unsubscribe(self, callback: Callable[[Verdict], None]) -> None:
+        self._callbacks = [c for c in self._callbacks if c != callback]
+
+    # ---- what a save takes --------------------------------------------------------------------
+
+    @contextmanager
+    def saving(self) -> Iterator[None]:
+        """Time a checkpoint save; forecasts then allow for the longest of the last few."""
+        start = _monotonic()
+        try:
+            yield
+        finally:
+            self.saved(_monotonic() - start)
+
+    def saved(self, seconds: float) -> None:
+        """Report a save that took `seconds`."""
+        if seconds >= 0:
+            self._saves.append(float(seconds))
+
+    @property
+    def checkpoint_seconds(self) -> float:
+        """What a save takes: the longest of the last saves reported, else the configured."""
+        return max(self._saves) if self._saves else self._configured_checkpoint
+
+    @property
+    def lead(self) -> float:
+        """Seconds the forecast must leave: checkpoint_seconds x margin."""
+        return self.checkpoint_seconds * self.margin
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach from the events (closing them if the guard made them)."""
+        events = self._events
+        if events is not None:
+            events.unsubscribe(self._on_event)
+            if self._own_events:
+                events.close()
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- sampling ------------------------------------------------------------------------------
+
+    def _on_event(self, item: Any) -> None:
+        counter = getattr(item, "counter", None)
+        if counter is None or getattr(item, "propagated", False):
+            return  # a headroom alert, or a v2 repeat of a rise already seen below
+        if counter in _KILLS:
+            self._killed += item.new - item.old
+        elif counter == "high":
+            path = item.cgroup_path
+            self._high_rises[path] = self._high_rises.get(path, 0) + item.new - item.old
+
+    def _sample(self, now: float, step: Optional[int], available: Optional[int]) -> Verdict:
+        with self._lock:
+            readings = self._read(now)
+            lead = self.lead
+            share = self.reserve.fraction
+            verdict = policy.decide(readings, reserve=self.reserve.bytes or 0, share=share,
+                                    lead=lead, throttle_seconds=self.throttle_seconds,
+                                    killed=self._killed, step=step)
+            floors = [policy.reserve_bytes(r.limit, self.reserve.bytes or 0, share)
+                      for r in readings if r.limit is not None]
+            growth = max([r.trend.growth for r in readings], default=0.0)
+            # Far enough that `interval` seconds of growth (or a doubling of the last
+            # growth rate) cannot pass the reserve before the next sample.
+            self._near = max(floors, default=0) + int(2 * growth * max(self.interval, lead))
+            self._floor = min(floors, default=0)
+            self._host_low = available is not None and available < self._floor \
+                and not verdict.stop
+            self._due = now + self.interval
+            self._sampled = now
+            previous, self._verdict = self._verdict, verdict
+        if verdict.key() != previous.key():
+            self._announce(verdict)
+        return verdict
+
+    def _read(self, now: float) -> list[Reading]:
+        version: Optional[int] = None  # read only for a level with memory.high (v2's)
+        readings = []
+        seen = set()
+        for lvl in self.monitor.levels():
+            if lvl.usage is None or lvl.inactive_file is None or lvl.hidden or (
+                    lvl.limit is None and lvl.high is None):
+                continue
+            path = lvl.cgroup_path
+            seen.add(path)
+            forecaster = self._forecasters.get(path)
+            if forecaster is None:
+                forecaster = self._forecasters[path] = _forecaster(self._forecast_shape)
+            forecaster.add(now, max(0, lvl.usage - lvl.inactive_file))
+            throttled_for, share = 0.0, None
+            if lvl.high is not None:
+                if version is None:
+                    version = self.monitor.status.version
+                share = self._stall_share(now, path, lvl.directory) if version == 2 else None
+                rises = self._high_rises.get(path, 0)
+                high_rose = rises > self._high_seen.get(path, 0)
+                self._high_seen[path] = rises
+                throttled_for = self._throttling.update(now, path, share, high_rose)
+            readings.append(Reading(path, lvl.limit, lvl.headroom, forecaster.trend(),
+                                    lvl.high, throttled_for, share))
+        for gone in [p for p in self._forecasters if p not in seen]:
+            del self._forecasters[gone]  # a level no longer on the path: its history too
+            self._psi.pop(gone, None)
+            self._high_seen.pop(gone, None)
+        self._throttling.keep_only(seen)
+        return readings
+
+    def _stall_share(self, now: float, path: str, directory: str) -> Optional[float]:
+        """The PSI stall share of one v2 level since the previous sample (None: first
+        reading, PSI off or unreadable: the `high` counter decides then)."""
+        try:
+            fd = os.open(os.path.join(directory, "memory.pressure"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                text = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            reading = (now, policy.parse_pressure(text, self.pressure))
+        except (OSError, ValueError):
+            # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
+            self._psi.pop(path, None)
+            return None
+        before = self._psi.get(path)
+        self._psi[path] = reading
+        return policy.stall_share(before, reading)
+
+    def _announce(self, verdict: Verdict) -> None:
+        if verdict.stop:
+            log.warning("%s", verdict.message())
+        else:
+            log.info("%s", verdict.message())
+        for callback in self._callbacks:
+            try:
+                callback(verdict)
+            except Exception:  # noqa: BLE001 - a callback must not stop the training loop
+                log.exception("cgwatch guard: callback %r failed", callback)
+
+
+
+def _forecaster(shape: tuple[float, int, int]) -> Forecaster:
+    bucket, span, window = shape
+    return Forecaster(bucket=bucket, span=span, window=window)

@@ -1,0 +1,228 @@
+"""Internal. The memory guard's policy: from one sample's numbers, *go on* or *save and stop*,
+and which trigger said so. Pure (no I/O, no clock: times are passed in); table-tested in
+tests/test_policy.py. The public object that samples and delivers is guard.py.
+
+`decide()` stops when any of these holds, and names the first in this order:
+1. RESERVE: a limited level's headroom, limit - (usage - inactive_file), is below the
+   reserve (bytes, or a share of that level's limit): the kill is close whatever the trend.
+2. OOM_KILL: the OOM killer killed a process on the path since the guard started (a
+   DataLoader worker, say): the next victim may be the job itself.
+3. FORECAST: a level's working set is predicted (forecast.py) to reach its limit sooner than
+   `lead` seconds, the time a checkpoint takes times the guard's margin.
+4. THROTTLE: a level over its v2 memory.high has been throttled for `throttle_seconds` in a
+   row: PSI (memory.pressure) stall share at or over the threshold in every sample, or,
+   where PSI cannot be read, the `high` counter rising in every sample. No kill comes, but
+   such a job can crawl for hours.
+
+A job that stops because of the guard exits with EXIT_STATUS, 75 (EX_TEMPFAIL in
+sysexits.h: "a temporary failure; the user is invited to retry"): it saved and can resume,
+which neither 0 (done), 1 (failed) nor 137 (killed) says, and schedulers can requeue on it
+(Slurm's RequeueExit=75, a Kubernetes podFailurePolicy onExitCodes rule).
+"""
+
+from __future__ import annotations
+
+from .frozen import Frozen, setter
+from .units import human_bytes
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, Optional
+
+    from .forecast import Trend
+
+OK = ""
+RESERVE = "reserve"
+OOM_KILL = "oom_kill"
+FORECAST = "forecast"
+THROTTLE = "throttle"
+TRIGGERS = (RESERVE, OOM_KILL, FORECAST, THROTTLE)
+
+EXIT_STATUS = 75  # EX_TEMPFAIL: saved, stopped, may be resumed (module docstring)
+
+
+class Reading(Frozen):
+    """One limited level at one sample: its limit and headroom (bytes), the working set's
+    trend, its v2 memory.high (None: none), and for how long (seconds) it has been
+    throttled above it without a break (0.0: not now)."""
+
+    __slots__ = ("cgroup_path", "limit", "headroom", "trend", "high", "throttled_for",
+                 "pressure")
+    _fields = __slots__
+    cgroup_path: str
+    limit: Optional[int]
+    headroom: Optional[int]
+    trend: Trend
+    high: Optional[int]
+    throttled_for: float
+    pressure: Optional[float]  # PSI stall share (0..1) over the last sample, None: unread
+
+    def __init__(self, cgroup_path: str, limit: Optional[int], headroom: Optional[int],
+                 trend: Trend, high: Optional[int] = None, throttled_for: float = 0.0,
+                 pressure: Optional[float] = None) -> None:
+        setter(self, "cgroup_path", cgroup_path)
+        setter(self, "limit", limit)
+        setter(self, "headroom", headroom)
+        setter(self, "trend", trend)
+        setter(self, "high", high)
+        setter(self, "throttled_for", throttled_for)
+        setter(self, "pressure", pressure)
+
+
+class Verdict(Frozen):
+    """The guard's decision: `stop` (save and stop) and its `trigger` (OK, RESERVE, OOM_KILL,
+    FORECAST, THROTTLE), the `level` (cgroup path) it is about, and the figures behind it.
+    `message()` is the line to print; `as_dict()` the fields for JSON."""
+
+    __slots__ = ("stop", "trigger", "level", "limit", "headroom", "reserve", "growth",
+                 "seconds_left", "lead", "pressure", "throttled_for", "killed", "step")
+    _fields = __slots__
+    stop: bool
+    trigger: str
+    level: str
+    limit: Optional[int]
+    headroom: Optional[int]
+    reserve: Optional[int]  # bytes, at this level
+    growth: float  # bytes per second of the working set's envelope (0.0: none seen)
+    seconds_left: Optional[float]  # until the limit at that growth (None: no growth)
+    lead: float  # seconds a save needs (checkpoint time x margin)
+    pressure: Optional[float]  # PSI stall share over the last sample
+    throttled_for: float
+    killed: int  # OOM kills counted on the path since the guard started
+    step: Optional[int]
+
+    def __init__(self, stop: bool, trigger: str, level: str = "",
+                 limit: Optional[int] = None, headroom: Optional[int] = None,
+                 reserve: Optional[int] = None, growth: float = 0.0,
+                 seconds_left: Optional[float] = None, lead: float = 0.0,
+                 pressure: Optional[float] = None, throttled_for: float = 0.0,
+                 killed: int = 0, step: Optional[int] = None) -> None:
+        for name, value in zip(self._fields, (stop, trigger, level, limit, headroom, reserve,
+                                              growth, seconds_left, lead, pressure,
+                                              throttled_for, killed, step)):
+            setter(self, name, value)
+
+    def __bool__(self) -> bool:
+        """True when the job should save and stop (`if guard.check(step): ...`)."""
+        return self.stop
+
+    def key(self) -> tuple[Any, ...]:
+        """What makes a change worth one log record and one callback: the decision and where,
+        not the figures that move every sample."""
+        return (self.stop, self.trigger, self.level)
+
+    def message(self) -> str:
+        """One line naming the trigger, the level and the figures."""
+        where = f"cgroup {self.level}" if self.level else "the job"
+        at = f" at step {self.step}" if self.step is not None else ""
+        room = (f"headroom {human_bytes(self.headroom)} of {human_bytes(self.limit)}"
+                if self.headroom is not None else "")
+        if self.trigger == RESERVE:
+            why = (f"{room}, below the reserve of {human_bytes(self.reserve)}")
+        elif self.trigger == OOM_KILL:
+            why = f"the OOM killer killed {self.killed} process(es) on the path"
+        elif self.trigger == FORECAST:
+            why = (f"predicted to reach its limit in ~{_seconds(self.seconds_left)} "
+                   f"(working set growing {human_bytes(int(self.growth))}/s, {room}); a save "
+                   f"needs ~{_seconds(self.lead)}")
+        elif self.trigger == THROTTLE:
+            share = f"{self.pressure * 100:.0f}% stalled" if self.pressure is not None \
+                else "memory.high exceeded"
+            why = f"throttled above memory.high for {_seconds(self.throttled_for)} ({share})"
+        else:
+            return f"cgwatch guard: memory is fine{at}"
+        return f"cgwatch guard: save and stop{at}: {where}: {why}"
+
+
+def _seconds(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def reserve_bytes(limit: int, reserve: int, share: Optional[float]) -> int:
+    """The reserve at a level: `share` of its limit when given, else `reserve` bytes."""
+    return int(limit * share) if share is not None else reserve
+
+
+def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[float] = None,
+           lead: float, throttle_seconds: float, killed: int = 0,
+           step: Optional[int] = None) -> Verdict:
+    """Save and stop, or go on (module docstring). `reserve` bytes or `share` of each level's
+    limit; `lead` seconds (a checkpoint's time x margin); `killed`: OOM kills on the path
+    since the guard started."""
+    for r in readings:
+        if r.limit is not None and r.headroom is not None:
+            floor = reserve_bytes(r.limit, reserve, share)
+            if r.headroom < floor:
+                return _about(r, RESERVE, floor, lead, killed, step)
+    if killed:
+        tight = min(readings, key=lambda r: r.headroom if r.headroom is not None else 1 << 62,
+                    default=None)
+        if tight is None:
+            return Verdict(True, OOM_KILL, lead=lead, killed=killed, step=step)
+        return _about(tight, OOM_KILL, None, lead, killed, step)
+    soonest: Optional[tuple[float, Reading]] = None
+    for r in readings:
+        left = r.trend.seconds_left(r.limit)
+        if left is not None and left < lead and (soonest is None or left < soonest[0]):
+            soonest = (left, r)
+    if soonest is not None:
+        return _about(soonest[1], FORECAST, None, lead, killed, step)
+    for r in readings:
+        if r.high is not None and r.throttled_for >= throttle_seconds > 0:
+            return _about(r, THROTTLE, None, lead, killed, step)
+    return Verdict(False, OK, lead=lead, killed=killed, step=step)
+
+
+def _about(r: Reading, trigger: str, floor: Optional[int], lead: float, killed: int,
+           step: Optional[int]) -> Verdict:
+    return Verdict(True, trigger, r.cgroup_path, r.limit, r.headroom, floor, r.trend.growth,
+                   r.trend.seconds_left(r.limit), lead, r.pressure, r.throttled_for, killed,
+                   step)
+
+
+def stall_share(before: Optional[tuple[float, int]], after: tuple[float, int]) -> Optional[float]:
+    """The share of wall time stalled between two PSI readings (time s, total= us), 0..1;
+    None without a previous reading or with the clock not moved. A total that went down (a
+    new cgroup at the same path) counts as no reading."""
+    if before is None or after[0] <= before[0] or after[1] < before[1]:
+        return None
+    return min(1.0, (after[1] - before[1]) / 1e6 / (after[0] - before[0]))
+
+
+def parse_pressure(text: bytes, kind: str) -> int:
+    """`total=` (microseconds) of the `kind` line ("some" or "full") of a PSI file
+    (Documentation/accounting/psi.rst: `some avg10=0.00 avg60=0.00 avg300=0.00 total=12345`).
+    Raises ValueError when the line or its total is missing."""
+    for line in text.decode("ascii", "replace").splitlines():
+        name, _, rest = line.partition(" ")
+        if name == kind:
+            for item in rest.split():
+                key, _, number = item.partition("=")
+                if key == "total" and number.isascii() and number.isdigit():
+                    return int(number)
+    raise ValueError(f"no {kind} total= in memory.pressure: {text[:60]!r}")
+
+
+class Throttling:
+    """For how long each level has been throttled without a break: a sample counts as
+    throttled when its stall share is at least `threshold`, or, with no share, when the
+    `high` counter rose since the previous sample. Bounded: one entry per level seen in the
+    last sample."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self._since: dict[str, float] = {}
+
+    def update(self, now: float, path: str, share: Optional[float], high_rose: bool) -> float:
+        throttled = share >= self.threshold if share is not None else high_rose
+        if not throttled:
+            self._since.pop(path, None)
+            return 0.0
+        return now - self._since.setdefault(path, now)
+
+    def keep_only(self, paths: set[str]) -> None:
+        for path in [p for p in self._since if p not in paths]:
+            del self._since[path]

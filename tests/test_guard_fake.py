@@ -1,0 +1,208 @@
+"""The public Guard on fake /proc + /sys trees (tests/fake_tree.py): what it samples, when it
+says stop, that each change is one callback and one log record however many steps check it,
+the checkpoint time it learns from the job's saves, throttling from memory.pressure and an
+OOM kill through Events. The kernel side (a real leak under a real limit) is
+tests/test_guard_real.py."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import cgwatch
+from cgwatch import Guard, Monitor, Verdict
+from cgwatch.events import Events
+from tests.cgroup_helpers import wait_for
+from tests.fake_tree import FakeHost, GiB, MiB
+
+PSI_LINE = "some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\n" \
+           "full avg10=0.00 avg60=0.00 avg300=0.00 total={full}\n"
+
+
+@pytest.fixture
+def host(tmp_path: object) -> FakeHost:
+    host = FakeHost(str(tmp_path), 2, cgroup_path="/job")
+    host.make_path({"/job": 4 * GiB})  # usage 100 MiB, inactive 10 MiB
+    return host
+
+
+@pytest.fixture
+def monitor(host: FakeHost) -> Iterator[Monitor]:
+    with Monitor(host.root, thread=False) as m:
+        yield m
+
+
+def test_exported_lazily() -> None:
+    assert cgwatch.Guard is Guard
+    assert cgwatch.GUARD_EXIT_STATUS == 75
+    assert cgwatch.Verdict is Verdict
+
+
+def test_far_from_everything(monitor: Monitor) -> None:
+    with Guard(monitor, events=False) as guard:
+        verdicts = [guard.check(step) for step in range(100)]
+    assert not any(v.stop for v in verdicts)
+    assert verdicts[-1].trigger == ""
+
+
+def test_reserve_one_callback_and_one_record_per_change(
+        host: FakeHost, monitor: Monitor, caplog: pytest.LogCaptureFixture) -> None:
+    """5% of 4 GiB = 204.8 MiB: 3.9 GiB used (inactive 0) leaves 102.4 MiB -> stop; freed
+    again -> go on. 300 checks, two changes: two callbacks, two records."""
+    seen: list[Verdict] = []
+    with caplog.at_level(logging.INFO, logger="cgwatch"), \
+            Guard(monitor, reserve="5%", interval=0.0, events=False) as guard:
+        guard.subscribe(seen.append)
+        for step in range(100):
+            guard.check(step)
+        host.set_usage("/job", 4 * GiB - 102 * MiB, 0)
+        stops = [guard.check(step) for step in range(100, 200)]
+        host.set_usage("/job", 1 * GiB, 0)
+        after = [guard.check(step) for step in range(200, 300)]
+    assert all(v.stop and v.trigger == "reserve" and v.level == "/job" for v in stops)
+    assert stops[0].step == 100 and stops[0].headroom == 102 * MiB
+    assert stops[0].reserve == int(4 * GiB * 0.05)
+    assert not any(v.stop for v in after)
+    assert [(v.stop, v.trigger) for v in seen] == [(True, "reserve"), (False, "")]
+    records = [r for r in caplog.records if r.getMessage().startswith("cgwatch guard")]
+    assert [r.levelno for r in records] == [logging.WARNING, logging.INFO]
+    assert "below the reserve" in records[0].getMessage()
+
+
+def test_between_samples_only_available_memory_is_read(host: FakeHost,
+                                                       monitor: Monitor) -> None:
+    """interval 60 s: the first check samples; the rest answer from available_memory(). A
+    drop below the reserve is still seen at once, because it brings available_memory() under
+    the near line, and near the line every check samples."""
+    with Guard(monitor, reserve="256M", interval=60.0, events=False) as guard:
+        assert not guard.check(0).stop
+        host.set_usage("/job", 4 * GiB - 100 * MiB, 0)
+        verdict = guard.check(1)
+    assert verdict.trigger == "reserve" and verdict.step == 1
+
+
+def test_forecast_of_a_leak(host: FakeHost, monitor: Monitor) -> None:
+    """A working set growing 64 MiB per 20 ms bucket (3.2 GiB/s on this fake clock) with 2 GiB
+    left: well under a 1000 s checkpoint. Stops by forecast once enough buckets closed,
+    before the reserve is reached."""
+    usage = 1 * GiB
+    with Guard(monitor, reserve="1M", checkpoint_seconds=1000.0, interval=0.0,
+               bucket=0.02, events=False) as guard:
+        verdict = guard.check(0)
+        step = 0
+        while not verdict.stop and usage < 4 * GiB:
+            step += 1
+            time.sleep(0.005)
+            usage += 16 * MiB
+            host.set_usage("/job", usage, 0)
+            verdict = guard.check(step)
+    assert verdict.trigger == "forecast", verdict
+    assert verdict.growth > 0 and verdict.seconds_left is not None
+    assert verdict.seconds_left < verdict.lead == 1500.0
+
+
+def test_a_step_change_does_not_stop_it(host: FakeHost, monitor: Monitor) -> None:
+    """1 GiB -> 3 GiB at once, then flat, 1.9 GiB above the 5% reserve line: no stop over 30
+    buckets, even with a 1000 s checkpoint."""
+    with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, bucket=0.02,
+               events=False) as guard:
+        host.set_usage("/job", 1 * GiB, 0)
+        for step in range(20):
+            assert not guard.check(step).stop
+            time.sleep(0.005)
+        host.set_usage("/job", 3 * GiB, 0)
+        deadline = time.monotonic() + 0.6
+        step = 20
+        while time.monotonic() < deadline:
+            step += 1
+            assert not guard.check(step).stop
+            time.sleep(0.005)
+
+
+def test_saves_set_the_checkpoint_time(monitor: Monitor) -> None:
+    with Guard(monitor, checkpoint_seconds=30.0, margin=2.0, events=False) as guard:
+        assert (guard.checkpoint_seconds, guard.lead) == (30.0, 60.0)
+        guard.saved(5.0)
+        guard.saved(12.0)
+        guard.saved(7.0)
+        assert (guard.checkpoint_seconds, guard.lead) == (12.0, 24.0)
+        with guard.saving():
+            pass
+        assert guard.checkpoint_seconds == 12.0  # the longest of the last five
+        for _ in range(5):
+            guard.saved(1.0)
+        assert guard.checkpoint_seconds == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"pressure": "all"}, {"margin": 0.5},
+                                    {"reserve": "150%"}, {"window": 2}])
+def test_bad_arguments(monitor: Monitor, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Guard(monitor, events=False, **kwargs)  # type: ignore[arg-type]
+
+
+def test_throttling_from_memory_pressure(host: FakeHost, monitor: Monitor) -> None:
+    """v2: a level with memory.high whose PSI `full` total grows by 50% of wall time is
+    throttled; stopped once that lasted throttle_seconds (0.1 s here)."""
+    d = host.level_dir("/job")
+    host.write(d + "/memory.high", f"{3 * GiB}\n")
+    total = 0
+    host.write(d + "/memory.pressure", PSI_LINE.format(some=total, full=total))
+    with Guard(monitor, interval=0.0, throttle_seconds=0.1, events=False) as guard:
+        last = time.monotonic()
+        verdict = guard.check(0)
+        step = 0
+        deadline = time.monotonic() + 10
+        while not verdict.stop and time.monotonic() < deadline:
+            time.sleep(0.01)
+            now = time.monotonic()
+            total += int((now - last) * 0.5e6) + 1
+            last = now
+            host.write(d + "/memory.pressure", PSI_LINE.format(some=total, full=total))
+            step += 1
+            verdict = guard.check(step)
+    assert verdict.trigger == "throttle" and verdict.level == "/job", verdict
+    assert verdict.throttled_for >= 0.1 and verdict.pressure is not None
+
+
+def test_no_throttle_without_pressure(host: FakeHost, monitor: Monitor) -> None:
+    d = host.level_dir("/job")
+    host.write(d + "/memory.high", f"{3 * GiB}\n")
+    host.write(d + "/memory.pressure", PSI_LINE.format(some=0, full=0))
+    with Guard(monitor, interval=0.0, throttle_seconds=0.05, events=False) as guard:
+        for step in range(30):
+            time.sleep(0.005)
+            assert not guard.check(step).stop
+
+
+def test_oom_kill_of_another_process(host: FakeHost) -> None:
+    """An `oom_kill` rise in the job's memory.events (a worker killed) stops the job, through
+    an Events of the same monitor."""
+    d = host.level_dir("/job")
+    events_text = "low 0\nhigh 0\nmax 0\noom 0\noom_kill {n}\noom_group_kill 0\n"
+    host.write(d + "/memory.events", events_text.format(n=0))
+    host.write(d + "/memory.events.local", events_text.format(n=0))
+    with Monitor(host.root) as monitor, \
+            Events(monitor, log=False, poll_interval=0.02, check_interval=0.02) as events:
+        with Guard(monitor, events=events) as guard:
+            assert not guard.check(0).stop
+            host.write(d + "/memory.events.local", events_text.format(n=1))
+            host.write(d + "/memory.events", events_text.format(n=1))
+            assert wait_for(lambda: guard.check(1).stop, timeout=10)
+            verdict = guard.verdict
+        assert not events.closed  # the caller's Events is the caller's to close
+    assert (verdict.trigger, verdict.killed, verdict.level) == ("oom_kill", 1, "/job")
+
+
+def test_a_failing_callback_does_not_break_check(host: FakeHost, monitor: Monitor) -> None:
+    def boom(verdict: Verdict) -> None:
+        raise RuntimeError("callback")
+
+    with Guard(monitor, interval=0.0, events=False) as guard:
+        guard.subscribe(boom)
+        host.set_usage("/job", 4 * GiB - 10 * MiB, 0)
+        assert guard.check(0).stop
+        guard.unsubscribe(boom)

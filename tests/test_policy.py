@@ -1,0 +1,190 @@
+"""The guard's policy (cgwatch/policy.py) as tables: which readings make it stop, which trigger
+it names and in what order; the PSI parsing and the stall share; the throttling clock. The
+levels are a Slurm-like job (/job 4 GiB) inside a node's slice (/ 16 GiB)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import pytest
+
+from cgwatch.forecast import Trend
+from cgwatch.policy import (
+    EXIT_STATUS,
+    FORECAST,
+    OK,
+    OOM_KILL,
+    RESERVE,
+    THROTTLE,
+    Reading,
+    Throttling,
+    Verdict,
+    decide,
+    parse_pressure,
+    stall_share,
+)
+
+MiB = 1 << 20
+GiB = 1 << 30
+FLAT = Trend(0.0, 1 * GiB, 12)
+
+
+def job(headroom: int, trend: Trend = FLAT, high: Optional[int] = None,
+        throttled_for: float = 0.0) -> Reading:
+    return Reading("/job", 4 * GiB, headroom, trend, high, throttled_for)
+
+
+def node(headroom: int, trend: Trend = FLAT) -> Reading:
+    return Reading("/", 16 * GiB, headroom, trend)
+
+
+class Row(NamedTuple):
+    readings: list[Reading]
+    trigger: str
+    level: str
+    share: Optional[float] = 0.05  # reserve: 5% of each limit (/job: 204.8 MiB; /: 819.2 MiB)
+    killed: int = 0
+
+
+ROWS = [
+    pytest.param(Row([job(2 * GiB), node(10 * GiB)], OK, ""), id="far-from-everything"),
+    # 200 MiB < 204.8 MiB (5% of 4 GiB).
+    pytest.param(Row([job(200 * MiB), node(10 * GiB)], RESERVE, "/job"), id="reserve-job"),
+    pytest.param(Row([job(210 * MiB), node(10 * GiB)], OK, ""), id="just-above-reserve"),
+    # The node's 5% is 819.2 MiB: its 800 MiB is below, though the job has 1 GiB.
+    pytest.param(Row([job(1 * GiB), node(800 * MiB)], RESERVE, "/"), id="reserve-parent"),
+    # 250 MiB < the 256 MiB given in bytes (the share would be 204.8 MiB: not below it).
+    pytest.param(Row([job(250 * MiB)], RESERVE, "/job", share=None), id="reserve-bytes"),
+    # Growing 10 MiB/s with its peak at 3 GiB: 1 GiB left -> 102.4 s, under the 90 s lead?
+    # No: over it, so no stop; at 20 MiB/s, 51.2 s < 90 s: stop.
+    pytest.param(Row([job(1 * GiB, Trend(10.0 * MiB, 3 * GiB, 12))], OK, ""),
+                 id="leak-slower-than-a-save"),
+    pytest.param(Row([job(1 * GiB, Trend(20.0 * MiB, 3 * GiB, 12))], FORECAST, "/job"),
+                 id="leak-faster-than-a-save"),
+    # Both levels forecast: the sooner one is named (/: 2 GiB left at 40 MiB/s = 51 s).
+    pytest.param(Row([job(1 * GiB, Trend(12.0 * MiB, 3 * GiB, 12)),
+                      node(2 * GiB, Trend(40.0 * MiB, 14 * GiB, 12))], FORECAST, "/"),
+                 id="sooner-level-named"),
+    pytest.param(Row([job(2 * GiB)], OOM_KILL, "/job", killed=1), id="worker-killed"),
+    # Order: the reserve before the kill before the forecast.
+    pytest.param(Row([job(100 * MiB, Trend(20.0 * MiB, 3 * GiB, 12))], RESERVE, "/job",
+                     killed=1), id="reserve-first"),
+    pytest.param(Row([job(1 * GiB, Trend(20.0 * MiB, 3 * GiB, 12))], OOM_KILL, "/job",
+                     killed=2), id="kill-before-forecast"),
+    # Throttled 30 s of the 30 s asked: stop; 29 s: not yet; a level without high: never.
+    pytest.param(Row([job(2 * GiB, high=3 * GiB, throttled_for=30.0)], THROTTLE, "/job"),
+                 id="throttled-long-enough"),
+    pytest.param(Row([job(2 * GiB, high=3 * GiB, throttled_for=29.0)], OK, ""),
+                 id="throttled-not-long-enough"),
+    pytest.param(Row([job(2 * GiB, throttled_for=60.0)], OK, ""), id="no-high-no-throttle"),
+    pytest.param(Row([], OK, ""), id="no-limited-level"),
+]
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_decide(row: Row) -> None:
+    verdict = decide(row.readings, reserve=256 * MiB, share=row.share, lead=90.0,
+                     throttle_seconds=30.0, killed=row.killed, step=7)
+    assert (verdict.trigger, verdict.level) == (row.trigger, row.level)
+    assert verdict.stop is (row.trigger != OK)
+    assert bool(verdict) is verdict.stop
+    assert verdict.step == 7 and verdict.lead == 90.0
+
+
+def test_forecast_verdict_carries_the_figures() -> None:
+    """20 MiB/s, peak 3 GiB of 4 GiB: 1024 / 20 = 51.2 s left."""
+    verdict = decide([job(1 * GiB, Trend(20.0 * MiB, 3 * GiB, 12))], lead=90.0,
+                     throttle_seconds=30.0, step=1200)
+    assert verdict.seconds_left == pytest.approx(51.2)
+    assert (verdict.limit, verdict.headroom, verdict.growth) == (4 * GiB, 1 * GiB, 20.0 * MiB)
+    assert verdict.message() == (
+        "cgwatch guard: save and stop at step 1200: cgroup /job: predicted to reach its "
+        "limit in ~51 s (working set growing 20.0 MiB/s, headroom 1.0 GiB of 4.0 GiB); a "
+        "save needs ~90 s")
+
+
+MESSAGES = [
+    pytest.param(Verdict(True, RESERVE, "/job", 4 * GiB, 200 * MiB, 256 * MiB, step=3),
+                 "cgwatch guard: save and stop at step 3: cgroup /job: headroom 200.0 MiB of "
+                 "4.0 GiB, below the reserve of 256.0 MiB", id="reserve"),
+    pytest.param(Verdict(True, OOM_KILL, "/job", 4 * GiB, 2 * GiB, killed=1),
+                 "cgwatch guard: save and stop: cgroup /job: the OOM killer killed 1 "
+                 "process(es) on the path", id="kill"),
+    pytest.param(Verdict(True, THROTTLE, "/job", 4 * GiB, 2 * GiB, pressure=0.42,
+                         throttled_for=31.0),
+                 "cgwatch guard: save and stop: cgroup /job: throttled above memory.high for "
+                 "31 s (42% stalled)", id="throttle-psi"),
+    pytest.param(Verdict(True, THROTTLE, "/job", 4 * GiB, 2 * GiB, throttled_for=5.5),
+                 "cgwatch guard: save and stop: cgroup /job: throttled above memory.high for "
+                 "5.5 s (memory.high exceeded)", id="throttle-counter"),
+    pytest.param(Verdict(False, OK, step=9), "cgwatch guard: memory is fine at step 9",
+                 id="ok"),
+]
+
+
+@pytest.mark.parametrize(("verdict", "text"), MESSAGES)
+def test_message(verdict: Verdict, text: str) -> None:
+    assert verdict.message() == text
+
+
+def test_exit_status_is_ex_tempfail() -> None:
+    assert EXIT_STATUS == 75
+
+
+# PSI files as 6.1 (the VM tier, cgroup v2) writes them; the `full` line exists for memory.
+PSI = b"some avg10=1.50 avg60=0.40 avg300=0.08 total=2500000\n" \
+      b"full avg10=1.20 avg60=0.30 avg300=0.06 total=1800000\n"
+
+PRESSURE = [
+    pytest.param(PSI, "some", 2500000, id="some"),
+    pytest.param(PSI, "full", 1800000, id="full"),
+    # 4.20-5.1 memory.pressure had both lines too; a `some`-only file (cpu.pressure before
+    # 5.13) has no full line:
+    pytest.param(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "some", 0,
+                 id="zero"),
+]
+
+
+@pytest.mark.parametrize(("text", "kind", "want"), PRESSURE)
+def test_parse_pressure(text: bytes, kind: str, want: int) -> None:
+    assert parse_pressure(text, kind) == want
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", id="no-full-line"),
+    pytest.param(b"", id="empty"),
+    pytest.param(b"full avg10=0.00 total=-5\n", id="negative"),
+    pytest.param(b"full avg10=0.00 total=\xd9\xa3\n", id="arabic-indic-digit"),
+])
+def test_parse_pressure_refuses(text: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_pressure(text, "full")
+
+
+STALLS = [
+    # 250 ms stalled in 0.5 s: 50%.
+    pytest.param((10.0, 1_000_000), (10.5, 1_250_000), 0.5, id="half"),
+    pytest.param(None, (10.5, 1_250_000), None, id="first-reading"),
+    pytest.param((10.0, 1_000_000), (10.0, 1_250_000), None, id="clock-did-not-move"),
+    pytest.param((10.0, 1_000_000), (10.5, 10), None, id="new-cgroup-same-path"),
+    pytest.param((10.0, 0), (10.5, 900_000), 1.0, id="clamped"),
+]
+
+
+@pytest.mark.parametrize(("before", "after", "want"), STALLS)
+def test_stall_share(before: Optional[tuple[float, int]], after: tuple[float, int],
+                     want: Optional[float]) -> None:
+    assert stall_share(before, after) == want
+
+
+def test_throttling_counts_unbroken_time() -> None:
+    t = Throttling(0.10)
+    assert t.update(0.0, "/job", 0.2, False) == 0.0
+    assert t.update(10.0, "/job", 0.3, False) == 10.0
+    assert t.update(20.0, "/job", 0.05, True) == 0.0  # below the threshold: PSI decides
+    assert t.update(30.0, "/job", None, True) == 0.0  # no PSI: the `high` rise decides
+    assert t.update(40.0, "/job", None, True) == 10.0
+    assert t.update(50.0, "/job", None, False) == 0.0
+    t.update(60.0, "/job", 0.5, False)
+    t.keep_only(set())
+    assert t.update(70.0, "/job", 0.5, False) == 0.0  # forgotten: starts again
