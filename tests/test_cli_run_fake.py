@@ -211,7 +211,13 @@ def test_watch_coalesces_a_burst(host: FakeHost) -> None:
         set_count(n)
     merged = proc.stdout.readline()
     elapsed = time.monotonic() - started
-    assert f"({counter} 5 -> 55;" in merged
+    # The window is the second after the first rise was seen; on a loaded machine this test
+    # may read `first` late and write the last rises after the window closed (seen at load
+    # ~10). Those open a window of their own: one more line at once and at most one merged.
+    later = []
+    while " -> 55;" not in (later or [merged])[-1] and len(later) < 2:
+        later.append(proc.stdout.readline())
+    assert f"({counter} 5 -> " in merged and " -> 55;" in (later or [merged])[-1], (merged, later)
     rises = int(merged.rsplit("[", 1)[1].split()[0])
     assert 2 <= rises <= 10 and merged.rstrip().endswith("rises in 1s]")
     assert elapsed < 3
@@ -301,10 +307,14 @@ def test_run_verbose_coalesces_a_burst(host: FakeHost) -> None:
     lines = [line for line in err.splitlines() if f"({counter} " in line]
     assert lines and all(line.startswith("cgwatch: ") for line in lines)
     if host.version == 2:
-        # 8 rises in 0.8 s: one line at once, one merged line for the other 7 (or the few a
-        # scan saw as one), never 8
-        assert 2 <= len(lines) <= 3, lines
-        assert "rises in 1s]" in lines[-1] and lines[-1].count(" -> 8;") == 1
+        # 8 rises 0.1 s apart: the first line at once, then one merged line per second for
+        # the rest (or the few a scan saw as one), never 8. On a loaded machine the writes
+        # can take longer than 0.8 s, and a rise after the first second's window opens a new
+        # window with a line of its own (seen at load 38: 0->1, [6 rises in 1s], 7->8), so
+        # the count allows a second window; the burst is still merged.
+        assert 2 <= len(lines) <= 4, lines
+        assert any("rises in 1s]" in line for line in lines), lines
+        assert lines[-1].count(" -> 8;") == 1 and sum(" -> 8;" in line for line in lines) == 1
     else:
         # v1 polls failcnt every second: rises a second apart are each a line of their own
         assert len(lines) == 3 and not any("rises in" in line for line in lines)
