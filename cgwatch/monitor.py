@@ -66,7 +66,8 @@ class Monitor:
     `thread`: serve this monitor from the process-wide background thread (default True, or
     the CGWATCH_THREAD environment variable). Thread-free, queries stay exact (they drain
     inotify and check for moves themselves); what needs the thread is telling anyone without
-    a query: `subscribe()` and `Events` start it when they are used.
+    a query: `subscribe()` and `Events` start it when they are used. The default monitor
+    behind the module functions is thread-free (`cgwatch.default_monitor()`).
 
     `pid`: another process's cgroup instead of ours (a sidecar, `cgwatch serve --pid`):
     resolved from /proc/PID/cgroup and /proc/PID/mountinfo, its move checked the same way.

@@ -164,7 +164,7 @@ def families(reading: Reading) -> list[Metric]:
 
 class MonitorCollector(Collector):
     """A prometheus_client collector reading `monitor` (default: the process's default
-    monitor) at every scrape. Register it in your own registry:
+    monitor, which is thread-free) at every scrape. Register it in your own registry:
 
         registry.register(cgwatch.prometheus.MonitorCollector())
     """
