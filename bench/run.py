@@ -141,7 +141,7 @@ def measure(plan: Plan, argv: list[str]) -> dict[str, Any]:
     progress("call cost: where the process started")
     results["calls"].append(calls.scenario("own cgroup (as started)", plan.rounds,
                                            plan.batch_seconds, with_module_functions=True))
-    cgwatch.default_monitor().close()  # its thread would otherwise follow our moves below
+    cgwatch.default_monitor().close()  # it would otherwise follow our moves below
     why = cgroups.unavailable_reason()
     if why:
         progress(f"skipping the sections that need cgroups of our own: {why}")

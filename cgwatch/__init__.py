@@ -71,13 +71,20 @@ _default_lock = threading.Lock()
 
 
 def default_monitor() -> Monitor:
-    """The process-wide monitor behind the module functions, created on first use."""
+    """The process-wide monitor behind the module functions, created on first use.
+
+    Thread-free (`Monitor(thread=False)`): its queries stay exact without the background
+    thread (docs/design.md section 4), and a process that only asks (the module functions,
+    the psutil view and switch, the Prometheus collector) keeps a single thread, so a later
+    fork() is safe (Python 3.12+ warns "multi-threaded, use of fork() may lead to
+    deadlocks" otherwise: DataLoader workers). `subscribe()` and `Events` start the thread
+    when they are used."""
     global _default
     monitor = _default
     if monitor is None:
         with _default_lock:
             if _default is None:
-                _default = Monitor()
+                _default = Monitor(thread=False)
             monitor = _default
     return monitor
 

@@ -1,5 +1,7 @@
 """Memory events: rises of the kernel's memory counters at every level of the process's path,
 as values delivered to callbacks, a queue and the log; plus headroom alerts (alerts.py).
+Every item is also a log record on logger `cgwatch` unless `Events(log=False)`, with or
+without callbacks.
 
     with cgwatch.Events() as events:          # watches the default monitor's levels
         events.subscribe(print)               # runs on the background thread, never on queries
@@ -76,9 +78,13 @@ class Events:
     `poll_interval`: seconds between reads of counters that have no notification (v1
     `failcnt`, v1 `oom_kill` from a host-wide OOM; everything when inotify is unavailable).
     `check_interval`: seconds between headroom checks besides the event-driven ones.
-    `log`: write the default records (eventlog.py), repeating one (kills aside) at most every
-    `log_interval` s. `queue_size`: items kept for `get()` / iteration (oldest dropped first,
-    counted in `dropped`; 0 keeps none). `use_eventfd`: v1 eventfd notifications (off: poll).
+    `log`: write the default records (eventlog.py) on logger `cgwatch`, whether callbacks
+    are subscribed or not (default True: like any library's records, they are the audit
+    trail the application routes or silences through its logging configuration, and a
+    callback added for metrics or cleanup does not take them away); `log=False` writes none.
+    A record repeats (kills aside) at most every `log_interval` s. `queue_size`: items kept
+    for `get()` / iteration (oldest dropped first, counted in `dropped`; 0 keeps none).
+    `use_eventfd`: v1 eventfd notifications (off: poll).
     `psi_trigger`: the v2 memory.pressure trigger that wakes headroom checks ("" for none).
     """
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 
 from . import names, values
@@ -73,6 +74,7 @@ class HostMemory:
         # needs it (reading zoneinfo is a third of a Monitor()'s start-up, and a monitor that
         # only answers total_memory() never needs it)
         self.reserve_bound = _NOT_YET
+        self._bound_due = 0.0  # time.monotonic() after which refresh_bound_if_due() reads again
         self._free_bytes = free_bytes
         self.path = path = under_root(root, names.MEMINFO)
         try:
@@ -95,9 +97,17 @@ class HostMemory:
                               "from sysinfo(2)"
                 self.total = _sysinfo_total_bytes()
 
+    def refresh_bound_if_due(self, now: float) -> None:
+        """refresh_bound() when the bound is older than BOUND_INTERVAL (and in use): called by
+        every cgroup confirmation, so a thread-free monitor (the default one behind
+        `cgwatch.available_memory()`) keeps it as fresh as a threaded one's timer does."""
+        if now >= self._bound_due and self.reserve_bound != _NOT_YET:
+            self.refresh_bound()
+
     def refresh_bound(self) -> None:
         """(Re)compute the reserve bound; called at start and on the monitor's slow timer,
         because an administrator may change vm.min_free_kbytes at run time."""
+        self._bound_due = time.monotonic() + BOUND_INTERVAL
         if self._free_bytes is None:
             # sysinfo(2) describes the real host, so the bound is only sound when meminfo is
             # the real host's too: the real /proc, not a fake tree and not LXCFS (a FUSE file
@@ -174,6 +184,9 @@ class HostMemory:
 
 
 _NOT_YET = -2
+# Seconds between re-reads of /proc/zoneinfo for the reserve bound: the default
+# migration_interval, the period the bound's doubling is meant to cover.
+BOUND_INTERVAL = 5.0
 _shared_lock = threading.Lock()
 _shared: weakref.WeakValueDictionary[str, HostMemory] = weakref.WeakValueDictionary()
 

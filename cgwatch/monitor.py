@@ -65,10 +65,13 @@ class Monitor:
     `thread`: serve this monitor from the process-wide background thread (default True, or
     the CGWATCH_THREAD environment variable). Thread-free, queries stay exact (they drain
     inotify and check for moves themselves); what needs the thread is telling anyone without
-    a query: `subscribe()` and `Events` start it when they are used.
+    a query: `subscribe()` and `Events` start it when they are used. The default monitor
+    behind the module functions is thread-free (`cgwatch.default_monitor()`).
 
     `pid`: another process's cgroup instead of ours (a sidecar, `cgwatch serve --pid`):
     resolved from /proc/PID/cgroup and /proc/PID/mountinfo, its move checked the same way.
+    In another mount namespace its files are read under /proc/PID/root (ptrace read access
+    needed); a cgroup that cannot be resolved gives mode HOST with the reason, as for ours.
 
     `fresh`: every query first applies the changes the kernel has queued (default). With
     `fresh=False` a watching, threaded monitor answers from the cache as the thread keeps it
@@ -92,6 +95,7 @@ class Monitor:
         self.migration_interval = migration_interval
         self.confirm_interval = confirm_interval
         self.poll_interval = poll_interval
+        self.pid = pid  # None: this process
         self._tracker = Tracker(root, migration_interval=migration_interval,
                                 confirm_interval=confirm_interval, poll_interval=poll_interval,
                                 use_inotify=use_inotify,

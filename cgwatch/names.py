@@ -48,7 +48,7 @@ class FileNames(Frozen):
     counters: tuple[str, ...]  # event counter files, in reading order
     high: str  # the throttling limit (v2 memory.high; "" on v1, whose soft limit is no cap)
     swap_limit: str  # v2: swap alone; v1: memory + swap (memsw)
-    swap_usage: str  # likewise
+    swap_usage: str  # v2 only; v1's is memory.stat total_swap (values.parse_v1_swap)
 
     def __init__(self, version: int, limit: str, usage: str, inactive_key: bytes, peak: str,
                  counters: tuple[str, ...], high: str, swap_limit: str,
@@ -74,4 +74,4 @@ V2 = FileNames(2, "memory.max", "memory.current", b"inactive_file", "memory.peak
                (EVENTS, EVENTS_LOCAL), "memory.high", "memory.swap.max", "memory.swap.current")
 V1 = FileNames(1, "memory.limit_in_bytes", "memory.usage_in_bytes", b"total_inactive_file",
                "memory.max_usage_in_bytes", (OOM_CONTROL, FAILCNT), "",
-               "memory.memsw.limit_in_bytes", "memory.memsw.usage_in_bytes")
+               "memory.memsw.limit_in_bytes", "")

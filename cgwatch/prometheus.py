@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from . import counters, names, values
+from .monitor import HOST
 from .names import FileNames
 
 if TYPE_CHECKING:
@@ -100,8 +101,8 @@ class LevelCounters:
 class Reading:
     """Everything one scrape read, before it becomes metric families."""
 
-    total: int
-    available: int
+    total: Optional[int]  # None: left out (another process's monitor in host mode)
+    available: Optional[int]
     status: Status
     levels: Sequence[LevelInfo]
     counters: dict[str, LevelCounters]  # by cgroup path
@@ -109,14 +110,18 @@ class Reading:
 
 def families(reading: Reading) -> list[Metric]:
     """The metric families of one reading (pure: no I/O). Families without a sample are left
-    out, except the two answers and the info metric, which are always there."""
+    out; the info metric is always there, and so are the two answers unless the reading has
+    none (None)."""
     total = GaugeMetricFamily("cgwatch_total_memory_bytes",
                               "cgwatch.total_memory(): the smallest memory limit on the path "
-                              "to the top, capped at host RAM.", value=reading.total)
+                              "to the top, capped at host RAM.")
+    if reading.total is not None:
+        total.add_metric([], reading.total)
     available = GaugeMetricFamily("cgwatch_available_memory_bytes",
                                   "cgwatch.available_memory(): the least headroom of any "
-                                  "limited level and the host's MemAvailable.",
-                                  value=reading.available)
+                                  "limited level and the host's MemAvailable.")
+    if reading.available is not None:
+        available.add_metric([], reading.available)
     status = reading.status
     info = InfoMetricFamily(INFO_METRIC, "How the monitor gets its answers (value 1).",
                             value={"mode": status.mode,
@@ -159,7 +164,7 @@ def families(reading: Reading) -> list[Metric]:
 
 class MonitorCollector(Collector):
     """A prometheus_client collector reading `monitor` (default: the process's default
-    monitor) at every scrape. Register it in your own registry:
+    monitor, which is thread-free) at every scrape. Register it in your own registry:
 
         registry.register(cgwatch.prometheus.MonitorCollector())
     """
@@ -194,11 +199,20 @@ class MonitorCollector(Collector):
     def read(self) -> Reading:
         """One scrape's reads: the answers, the status, the levels, then each level's counter
         files once. (`available_memory()` is the monitor's own answer, so it may pread the
-        limited levels' usage and memory.stat once more, as any caller's query does.)"""
+        limited levels' usage and memory.stat once more, as any caller's query does.)
+
+        Another process's monitor (`Monitor(pid=...)`) in host mode has no answer of its own:
+        the host's figures under the process's name would be wrong (a sidecar whose target
+        cannot be resolved), so the two answers are left out and the info metric says
+        mode="host" (the reason is logged once)."""
         monitor = self.monitor
-        total = monitor.total_memory()
-        available = monitor.available_memory()
+        total: Optional[int] = monitor.total_memory()
+        available: Optional[int] = monitor.available_memory()
         status = monitor.status
+        if status.mode == HOST and getattr(monitor, "pid", None) is not None:
+            self._log_once("", "host", f"cgwatch: no cgroup for process {monitor.pid} "
+                           f"({status.reason}); its memory figures are left out")
+            total = available = None
         levels = monitor.levels()
         layout = monitor.layout()
         found: dict[str, LevelCounters] = {}

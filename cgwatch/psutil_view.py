@@ -30,7 +30,9 @@ others     `active`, `inactive`, `buffers`, `cached`, `shared`, `slab` (Linux), 
 (it takes effect for callers that look the function up on the module at call time, as
 `psutil.virtual_memory()` does; a `from psutil import virtual_memory` done before the patch
 keeps the original). `unpatch_psutil()` undoes it; `patched_psutil()` is the context-manager
-form. Nothing here imports torch or any framework.
+form. Nothing here imports torch or any framework, and nothing starts a thread: the default
+monitor the view asks is thread-free, so a program that forks after it (DataLoader workers)
+stays single-threaded.
 """
 
 from __future__ import annotations

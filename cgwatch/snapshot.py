@@ -81,7 +81,7 @@ class LevelInfo(Frozen):
     high: Optional[int]  # v2 memory.high (throttling starts above it); None: none
     high_headroom: Optional[int]  # high - working set, None without a high limit
     swap_limit: Optional[int]  # swap this level may use (v1: memsw - limit)
-    swap_usage: Optional[int]  # swap in use (v1: memsw usage - usage)
+    swap_usage: Optional[int]  # swap in use (v1: memory.stat total_swap)
     # A v1 limit above the visible hierarchy: usage and headroom are the top visible level's
     # (a floor of the usage there, so the headroom is an upper bound)
     hidden: bool
@@ -213,17 +213,19 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
     reads = []
     for lvl in snap.levels:
         usage = inactive = room = None
+        stat = b""
         problem = lvl.problem
         try:
             usage = values.parse_counter(lvl.read(fnames.usage))
-            inactive = values.find_stat_value(lvl.read(names.STAT), fnames.inactive_key)
+            stat = lvl.read(names.STAT)
+            inactive = values.find_stat_value(stat, fnames.inactive_key)
         except FileNotFoundError:
             pass  # v2 levels without the memory controller (and the root) have no usage
         except (OSError, ValueError) as e:
             problem = problem or str(e)
         if lvl.limit is not None and usage is not None and inactive is not None:
             room = headroom(lvl.limit, usage, inactive)
-        high, swap_limit, swap_usage = _throttle_and_swap(lvl, fnames, usage)
+        high, swap_limit, swap_usage = _throttle_and_swap(lvl, fnames, stat)
         high_room = headroom(high, usage, inactive) \
             if high is not None and usage is not None and inactive is not None else None
         if lvl.hidden:
@@ -256,18 +258,23 @@ def _optional_number(lvl: Level, name: str, version: int) -> Optional[int]:
         return None
 
 
-def _throttle_and_swap(lvl: Level, fnames: FileNames, usage: Optional[int],
+def _throttle_and_swap(lvl: Level, fnames: FileNames, stat: bytes,
                        ) -> tuple[Optional[int], Optional[int], Optional[int]]:
-    """(memory.high, swap limit, swap usage) of a level, each None where not known."""
+    """(memory.high, swap limit, swap usage) of a level, each None where not known. Swap
+    usage is the kernel's own figure: v2 memory.swap.current, v1 `total_swap` of the
+    memory.stat already read (`stat`)."""
     high = _optional_number(lvl, fnames.high, fnames.version)
     swap_limit = _optional_number(lvl, fnames.swap_limit, fnames.version)
-    swap_usage = _optional_number(lvl, fnames.swap_usage, fnames.version)
     if fnames.version == 1:
-        # v1 memsw counts memory + swap: the swap share is the difference.
+        # v1 memsw limits memory + swap: the swap share is the difference of two settings.
         swap_limit = swap_limit - lvl.limit if swap_limit is not None \
             and lvl.limit is not None and swap_limit >= lvl.limit else None
-        swap_usage = swap_usage - usage if swap_usage is not None and usage is not None \
-            and swap_usage >= usage else None
+        try:
+            swap_usage = values.parse_v1_swap(stat)
+        except ValueError:
+            swap_usage = None
+    else:
+        swap_usage = _optional_number(lvl, fnames.swap_usage, fnames.version)
     return high, swap_limit, swap_usage
 
 

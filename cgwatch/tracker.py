@@ -336,6 +336,7 @@ class Tracker:
     def _confirm(self, now: float) -> None:
         """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here)"""
         self._next_confirm = now + self.confirm_interval
+        self.snap.host.refresh_bound_if_due(now)  # thread-free monitors have no timer for it
         moved = self._proc.moved()
         if moved is None:
             return  # cannot tell now (no descriptor left?): try again next time

@@ -68,7 +68,17 @@ def v2_has_memory(root: str) -> Callable[[str], bool]:
 
 def resolve_process(root: str, pid: Optional[int] = None) -> tuple[discovery.Resolution, str]:
     """Resolve the process's memory cgroup under `root`; also return the /proc/self/cgroup text
-    so the caller can later tell whether the process moved."""
+    so the caller can later tell whether the process moved.
+
+    Another process (`pid`) is resolved in ITS mount namespace: /proc/PID/cgroup and the
+    mount roots in /proc/PID/mountinfo are both printed relative to OUR cgroup namespace
+    (`proc_cgroup_show()` and `cgroup_show_path()` use the reader's, kernel/cgroup/cgroup.c;
+    a sidecar in a private namespace reads "/../app" in both, checked on 6.18 v1 and 6.1 v2),
+    so they agree with each other, and its mount points are paths in its own mount namespace
+    (relative to its root: `show_mountinfo()`). They are read there, under /proc/PID/root,
+    unless its mountinfo reads exactly as ours: then it is our namespace and our root (mount
+    IDs are unique per mount, so another namespace never prints the same text), and our own
+    paths serve, with no ptrace permission needed."""
     try:
         proc_cgroup = read_file(under_root(root, names.proc_file("cgroup", pid)))
     except OSError as e:
@@ -82,10 +92,36 @@ def resolve_process(root: str, pid: Optional[int] = None) -> tuple[discovery.Res
                                     f"{e.strerror or e}",
                                     transient=True), \
             proc_cgroup
-    def usable(directory: str) -> bool:
-        return os.path.isdir(under_root(root, directory))
+    through = "" if pid is None else _other_namespace_root(root, pid, mountinfo)
+    if through:
+        try:
+            os.stat(under_root(root, through))
+        except OSError as e:
+            # ptrace read access is needed (proc_root_link()); without it our own paths
+            # would name OUR namespace's cgroups, not the process's.
+            return discovery.Unresolved(f"process {pid} has another mount namespace, and "
+                                        f"{through} cannot be reached: "
+                                        f"{e.strerror or e}"), proc_cgroup
+    files = under_root(root, through) if through else root
 
-    return discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(root), usable), proc_cgroup
+    def usable(directory: str) -> bool:
+        return os.path.isdir(under_root(files, directory))
+
+    resolution = discovery.resolve(proc_cgroup, mountinfo, v2_has_memory(files), usable)
+    if through and isinstance(resolution, discovery.Resolved):
+        resolution = replace(resolution, mount_point=through + resolution.mount_point,
+                             directory=through + resolution.directory)
+    return resolution, proc_cgroup
+
+
+def _other_namespace_root(root: str, pid: int, mountinfo: str) -> str:
+    """"/proc/PID/root" when the process's mountinfo differs from ours (another mount
+    namespace or root), else "" (our own paths name its files)."""
+    try:
+        ours = read_file(under_root(root, names.PROC_MOUNTINFO))
+    except OSError:
+        ours = ""
+    return "" if ours == mountinfo else f"/proc/{int(pid)}/root"
 
 
 def level_paths(resolved: discovery.Resolved) -> list[tuple[str, str]]:

@@ -87,6 +87,24 @@ def find_stat_value(data: bytes, key: bytes) -> int:
     return int(field)
 
 
+# v1 memory.stat: `swap` is the level's own pages, `total_swap` its whole subtree's (the
+# `total_` keys are hierarchical, Documentation/admin-guide/cgroup-v1/memory.rst 5.2; on 6.18
+# here `cache` read 251674624 and `total_cache` 251678720 at a level with children), which is
+# what memsw.usage_in_bytes and usage_in_bytes count too. Both lines are written only with
+# swap accounting on (memcg1_stat_format() skips MEMCG_SWAP unless do_memsw_account()).
+V1_SWAP_KEY = b"total_swap"
+
+
+def parse_v1_swap(stat: bytes) -> Optional[int]:
+    """Swap used by a v1 level and its subtree (bytes): the kernel's own `total_swap` from
+    memory.stat, one counter read at one moment (memsw.usage - usage, two counters read at
+    two moments, showed 116-256 KiB of swap on a host without any). None: the line is not
+    there (swap accounting off). Raises ValueError for a value that is not a number."""
+    if not (stat.startswith(V1_SWAP_KEY + b" ") or b"\n" + V1_SWAP_KEY + b" " in stat):
+        return None
+    return find_stat_value(stat, V1_SWAP_KEY)
+
+
 def find_meminfo_value(data: bytes, key: bytes) -> int:
     """One meminfo field in bytes, found directly (hot path for MemAvailable)."""
     start = data.find(key + b":")

@@ -209,6 +209,28 @@ def test_default_log_records(tree: Tree, opened: list[Any],
     assert records
 
 
+@pytest.mark.parametrize("log", [True, False])
+def test_a_callback_does_not_silence_the_log_only_log_false_does(
+        tree: Tree, opened: list[Any], caplog: pytest.LogCaptureFixture, log: bool) -> None:
+    """The records are the library's audit trail on logger `cgwatch`: a callback added for
+    another purpose (metrics, cleanup) leaves them on; `Events(log=False)` (or the logging
+    configuration) turns them off."""
+    events = start(opened, tree, log=log)
+    delivered: list[Any] = []
+    events.subscribe(delivered.append)
+    counter = "failcnt" if tree.version == 1 else "max"
+    with caplog.at_level(logging.INFO, logger="cgwatch"):
+        tree.set("/a", {counter: 2})
+        wait_for(events, is_event(counter))
+        deadline = time.monotonic() + 2
+        while not delivered:
+            assert time.monotonic() < deadline, "the callback got nothing"
+            time.sleep(0.01)
+    records = [r for r in caplog.records if f"{counter} 0 -> 2" in r.getMessage()]
+    assert [(e.counter, e.new) for e in delivered] == [(counter, 2)]
+    assert len(records) == (1 if log else 0), [r.getMessage() for r in caplog.records]
+
+
 def test_headroom_alert_fires_past_threshold_not_before(tree: Tree, opened: list[Any]) -> None:
     events = start(opened, tree)
     seen: list[HeadroomAlert] = []

@@ -321,9 +321,11 @@ def test_memory_high_and_swap_are_shown_and_throttle_headroom(host: FakeHost,
         host.write(c + "/memory.high", f"{256 * MiB}\n")
         host.write(c + "/memory.swap.max", f"{128 * MiB}\n")
         host.write(c + "/memory.swap.current", f"{4 * MiB}\n")
-    else:  # memsw counts memory + swap
+    else:  # memsw counts memory + swap; swap used is memory.stat's hierarchical total_swap
         host.write(c + "/memory.memsw.limit_in_bytes", f"{640 * MiB}\n")
-        host.write(c + "/memory.memsw.usage_in_bytes", f"{304 * MiB}\n")
+        host.write(c + "/memory.memsw.usage_in_bytes", f"{310 * MiB}\n")  # not used: 10 MiB
+        host.write(c + "/memory.stat", f"cache {50 * MiB}\ninactive_file 1\nswap {1 * MiB}\n"
+                   f"total_inactive_file {50 * MiB}\ntotal_swap {4 * MiB}\n")
     m = start(opened, host)
     leaf = m.levels()[0]
     assert (leaf.swap_limit, leaf.swap_usage) == (128 * MiB, 4 * MiB)

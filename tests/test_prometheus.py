@@ -203,6 +203,18 @@ def test_host_mode_exports_the_answers_only(tmp_path: Any, opened: list[Any]) ->
                                  "cgwatch_monitor_info"}
 
 
+def test_another_process_in_host_mode_exports_no_answer(tmp_path: Any,
+                                                       opened: list[Any]) -> None:
+    """A sidecar's monitor of another process that has no cgroup it can find: the host's
+    figures would be published under that process's name, so only the info metric is."""
+    host = FakeHost(str(tmp_path), 2, mem_total=16 * GiB, mem_available=9 * GiB)
+    m = Monitor(host.root, pid=4242, thread=False)  # no /proc/4242 in the fake tree
+    opened.append(m)
+    samples, _ = scrape(m)
+    assert value(samples, "cgwatch_monitor_info", mode="host", version="", cgroup="") == 1
+    assert names_of(samples) == {"cgwatch_monitor_info"}
+
+
 def test_describe_names_every_family_collect_yields(job: FakeHost, opened: list[Any]) -> None:
     collector = exporter.MonitorCollector(monitor_of(job, opened))
     described = {f.name for f in collector.describe()}

@@ -85,6 +85,44 @@ def test_find_stat_value_missing(data: bytes) -> None:
                                b"total_inactive_file")
 
 
+# v1 memory.stat as 6.18 writes it here, with swap accounting on and no swap on the host
+# (the swap lines sit between workingset_refault_file and pgpgin, and again in the total_ part).
+V1_STAT_SWAP_ACCOUNTED = (
+    b"cache 251674624\nrss 257077248\nrss_huge 220200960\nshmem 0\nmapped_file 20635648\n"
+    b"dirty 6365184\nwriteback 0\nworkingset_refault_anon 0\nworkingset_refault_file 7081\n"
+    b"swap 0\nswapcached 0\npgpgin 620040\npgpgout 585502\npgfault 971993\n"
+    b"pgmajfault 77\ninactive_anon 256917504\nactive_anon 36864\n"
+    b"inactive_file 203214848\nactive_file 48459776\nunevictable 0\n"
+    b"hierarchical_memory_limit 9223372036854771712\n"
+    b"hierarchical_memsw_limit 9223372036854771712\ntotal_cache 251678720\n"
+    b"total_rss 257077248\ntotal_swap 0\ntotal_swapcached 0\n"
+    b"total_inactive_file 203214848\ntotal_unevictable 0\n")
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    pytest.param(V1_STAT_SWAP_ACCOUNTED, 0, id="6.18-no-swap-on-the-host"),
+    # A parent whose child swapped 4 MiB: `swap` is the level's own pages (0), `total_swap`
+    # its subtree's, which memsw.usage_in_bytes counts too.
+    pytest.param(V1_STAT_SWAP_ACCOUNTED.replace(b"total_swap 0", b"total_swap 4194304"),
+                 4194304, id="a-child-swapped"),
+    pytest.param(b"swap 8192\nswapcached 0\ntotal_swap 12288\ntotal_swapcached 4096\n",
+                 12288, id="swapcached-is-another-key"),
+    pytest.param(b"total_swap 4096", 4096, id="first-and-last-line"),
+    # swapaccount=0 (or CONFIG_MEMCG_SWAP off): memcg1_stat_format() writes no swap lines.
+    pytest.param(V1_STAT, None, id="swap-accounting-off"),
+    pytest.param(b"swap 4096\ntotal_swapcached 0\n", None, id="only-the-local-line"),
+])
+def test_parse_v1_swap(data: bytes, expected: Optional[int]) -> None:
+    assert values.parse_v1_swap(data) == expected
+
+
+@pytest.mark.parametrize("data", [b"total_swap -4096\n", b"total_swap \xb2\n",
+                                  b"total_swap 1_000\n"])
+def test_parse_v1_swap_rejects_garbage(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        values.parse_v1_swap(data)
+
+
 MEMINFO = b"""MemTotal:       24684084 kB
 MemFree:        22156340 kB
 MemAvailable:   24055588 kB

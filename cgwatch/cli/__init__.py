@@ -205,7 +205,10 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     serve.add_argument("--port", type=int, default=10109,
                        help="port (default 10109, outside the exporters' 9100-9999; 0: any)")
     serve.add_argument("--pid", type=int, default=None,
-                       help="watch process PID's cgroup instead (exits when it does)")
+                       help="watch process PID's cgroup instead, through its own mount "
+                            "namespace (/proc/PID/root) when it has another, e.g. from a "
+                            "sidecar; exits when it does, and exits 1 at start if its cgroup "
+                            "cannot be found")
     return {"": top, "watch": watch, "run": run, "serve": serve}
 
 

@@ -1,7 +1,9 @@
 """Internal. `cgwatch serve`: the Prometheus exporter (cgwatch/prometheus.py) as a command.
 
 Serves `/metrics` on loopback unless another address is asked for, until SIGTERM or SIGINT
-(exit 0), or until the `--pid` process exits (exit 0, said on stderr). The main thread sleeps
+(exit 0), or until the `--pid` process exits (exit 0, said on stderr). A `--pid` process whose
+memory cgroup cannot be found is refused at start (exit 1, the reason on stderr): never the
+host's figures under its name. The main thread sleeps
 in one select() on a signal wake-up pipe and, with --pid, a pidfd (Linux 5.3+): no timer
 runs while nobody scrapes. Where pidfd_open is missing, the pid is checked once a second.
 """
@@ -24,7 +26,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"cgwatch serve: needs prometheus_client ({e}); install cgwatch[prometheus]",
               file=sys.stderr)
         return 2
-    from ..monitor import Monitor
+    from ..monitor import HOST, Monitor
 
     pid: Optional[int] = args.pid
     pidfd = -1
@@ -41,6 +43,19 @@ def run_serve(args: argparse.Namespace) -> int:
                 return 2
     # Thread-free: the exporter adds no idle wake-up; each scrape's queries stay exact.
     monitor = Monitor(args.root, pid=pid, thread=False)
+    if pid is not None and monitor.status.mode == HOST:
+        # Host values under the process's name would be a lie (a sidecar in another cgroup
+        # namespace whose view cannot be mapped to the process's: its mount root climbs
+        # further than its cgroup path, "/../../.." against "/../app").
+        reason = monitor.status.reason
+        monitor.close()
+        if pidfd >= 0:
+            os.close(pidfd)
+        print(f"cgwatch serve: cannot find the memory cgroup of process {pid}: {reason}. "
+              "From a sidecar in its own cgroup namespace, the process must have its own "
+              "cgroup mount (a container's), or run this in the process's cgroup namespace "
+              f"(nsenter --cgroup --target {pid} cgwatch serve --pid {pid})", file=sys.stderr)
+        return 1
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     stop = {"signal": 0}
