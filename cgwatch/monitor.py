@@ -192,7 +192,7 @@ class Monitor:
         if tracker.read_problem:
             reason = "; ".join(r for r in (reason, tracker.read_problem) if r)
         return replace(snap.status, reason=reason, confirmed_at=tracker.confirmed_at,
-                       thread=tracker.served())
+                       thread=tracker.served(), watches=tracker.watches)
 
     def levels(self) -> list[LevelInfo]:
         """Every level from the process's cgroup to the top, read now."""
