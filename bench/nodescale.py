@@ -12,11 +12,12 @@ writes N to its own /proc/sys/user/max_inotify_instances (the host's sysctl is u
 the namespace's count is also charged to the uid outside). `--fork-pool`: the parent makes a
 monitor before forking (the shape of a DataLoader or a multiprocessing pool).
 
-Measured per fleet: how many children watch and how many poll; how many inotify instances the
-uid can still create (another program of that uid: 0 means `tail -F` would fall back to
-polling), with all children running and after half of them exited; how many answers
-total_memory() gives right after a limit write on their cgroup (the write returns, then every
-child is signalled and answers at once); and the children's idle CPU (the sum of every
+Measured per fleet: how many children watch and how many poll; how many inotify instances
+the uid can still create (another program of that uid: 0 means `tail -F` would fall back to
+polling; the least of 10 samples), with all children running and after half of them
+exited; how many answers total_memory() gives right after a limit write on their cgroup
+(the write returns, then every child is signalled and answers at once); and the children's
+idle CPU (the sum of every
 thread's schedstat run time over a quiet period, in % of one core).
 """
 
@@ -126,7 +127,11 @@ print(json.dumps({"started": len(ready), "modes": modes(ready)}), flush=True)
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "free":
-        print(json.dumps({"free": free_instances()}), flush=True)
+        samples = []
+        for _ in range(int(cmd[1]) if len(cmd) > 1 else 1):
+            samples.append(free_instances())
+            time.sleep(0.05)
+        print(json.dumps({"free": min(samples), "samples": samples}), flush=True)
     elif cmd[0] == "ask":
         for pid in children:
             os.kill(pid, signal.SIGUSR1)
@@ -255,9 +260,11 @@ def measure(count: int, *, idle_seconds: float, ns_limit: int = 0, pool: bool = 
     fleet = Fleet(count, ns_limit=ns_limit, pool=pool, env=env)
     try:
         row: dict[str, Any] = {"processes": count, "modes": fleet.started["modes"]}
-        row["free_running"] = fleet.command("free")["free"]
+        # Instances the uid can still make, the least of 10 samples 50 ms apart (a
+        # program starting at any of those moments gets at least that many).
+        row["free_running"] = fleet.command("free 10")["free"]
         time.sleep(1.0)  # let anything that retries take instances back
-        row["free_after_1s"] = fleet.command("free")["free"]
+        row["free_after_1s"] = fleet.command("free 10")["free"]
         right = 0
         trials = 5
         for i in range(trials):
@@ -270,7 +277,7 @@ def measure(count: int, *, idle_seconds: float, ns_limit: int = 0, pool: bool = 
                                                       timeout=idle_seconds + 60)["cpu_percent"], 3)
         fleet.command(f"exit {count // 2}")
         time.sleep(1.0)
-        row["free_after_half_exit"] = fleet.command("free")["free"]
+        row["free_after_half_exit"] = fleet.command("free 10")["free"]
         row["modes_after"] = fleet.command("ask")["modes"]
     finally:
         fleet.close()

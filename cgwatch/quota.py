@@ -13,8 +13,9 @@ at least `reserve(limit)` more could still be made by the uid: min(32, max(4, li
 16 of the default 128. Whether that many are left is probed: creating reserve + 1 instances
 and closing all but ours costs ~2 us each here (6.18), once per process and per retry; the
 probe finds every limit on the way up the namespaces, which the sysctl alone does not show.
-A process that found too few polls (exactly: monitor.py) and tries again after a back-off
-that doubles from 1 s to 64 s, so it does not take back at once what another program freed.
+A process that found too few polls (exactly: tree.limit_check) and tries again after a
+back-off that doubles from 1 s to 64 s, spread by half either way (a pool refused at once
+must not probe at once again), so it does not take back at once what another program freed.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ def reserve(limit: int) -> int:
     return min(32, max(4, limit // 8))
 
 
-def backoff(failures: int) -> float:
-    """Seconds to wait before the next try after `failures` refusals in a row."""
-    return float(min(MAX_BACKOFF, FIRST_BACKOFF * 2.0 ** max(0, failures - 1)))
+def backoff(failures: int, spread: float = 0.5) -> float:
+    """Seconds to wait before the next try after `failures` refusals in a row, times 0.5 to
+    1.5 by `spread` (0..1): a fork pool refused at once must not probe again at once (each
+    probe holds reserve + 1 instances for a few us, and many at once held all of them)."""
+    base = min(MAX_BACKOFF, FIRST_BACKOFF * 2.0 ** max(0, failures - 1))
+    return float(base * (0.5 + spread))
 
 
 def parse_limit(text: str) -> int:

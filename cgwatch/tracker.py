@@ -17,13 +17,13 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
-from . import discovery, hostmem, quota, snapshot, tree
+from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
 from .hostmem import HostMemory
+from .inotify_use import InotifyUse
 from .logs import Reporter, log
 from .loop import LOOP, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
@@ -31,8 +31,8 @@ from .snapshot import HOST, POLLING, WATCHING, Snapshot
 from .ticker import TICKER, Reads
 from .tree import Level, ProcCgroup
 from .watcher import Change as WatchChange
-from .watcher import Target, TargetGone, WatchUnavailable
-from .watching import HUB, LevelWatch, at_exit, watch_targets
+from .watcher import Target, TargetGone
+from .watching import at_exit, watch_targets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
 RETRY_INTERVAL = 1.0  # seconds between retries of what failed (the thread, a resolve)
-# A monitor not queried for this long, with no subscriber, gives its watches back (and the
-# process's instance with the last of them); its next query watches again (quota.py).
-IDLE_RELEASE = 60.0
 
 
 class Tracker:
@@ -54,7 +51,6 @@ class Tracker:
         self.migration_interval = migration_interval
         self.confirm_interval = confirm_interval
         self.poll_interval = poll_interval
-        self.use_inotify = use_inotify and quota.inotify_allowed(os.environ)
         self.thread = thread
         self.fresh = fresh
         self.lock = threading.RLock()  # serialises writers of the snapshot
@@ -68,12 +64,8 @@ class Tracker:
         self._forked = False  # set in a fork child until its first query re-arms
         self._reporter = Reporter()
         self._proc = ProcCgroup(root, pid)
-        self._watch = LevelWatch(self._poke, self._on_changes)
-        self._watch_problem = "" if self.use_inotify or not use_inotify \
-            else "inotify turned off (CGWATCH_INOTIFY)"
-        self._watch_failures = 0
-        self._used_at = time.monotonic()
-        self._idle = False  # gave its watches back for want of use (IDLE_RELEASE)
+        self._use = InotifyUse(use_inotify, self._poke, self._on_changes)
+        self._watch = self._use.watch
         self._loop_problem = ""
         self._resolve_failed = False
         self._next_confirm = 0.0
@@ -100,10 +92,8 @@ class Tracker:
                         self._refresh_closed()
                     self.due = 0.0
                     return self.snap
-                self._used_at = now
-                if self._idle:
-                    self._idle = False
-                    self._retry_at = 0.0
+                if self._use.used(now):
+                    self._retry_at = 0.0  # idle until now: watch again
                 # Always (~1 us): the loop thread may have read our event and not yet queued
                 # it; the hub's lock makes this wait for that (watching.py).
                 self._drain()
@@ -175,7 +165,7 @@ class Tracker:
             self.closed = True
             self._subs.detach_all()
             TICKER.leave(self)
-            self._stop_watching()
+            self._watch.stop()
             self._proc.forget_descriptor()
             self.snap = replace(self.snap, host=self.snap.host.detached())
             self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
@@ -191,9 +181,7 @@ class Tracker:
         with self.lock:
             if self.closed or not self._watch.active:
                 return
-            self.use_inotify = False
-            self._watch_problem = "interpreter shutting down"
-            self._watch.release_at_exit()
+            self._use.release_at_exit()
             self._republish()
 
     def _after_fork_in_child(self) -> None:
@@ -261,7 +249,7 @@ class Tracker:
         else:
             # Also the state during construction, until _start() has created the watcher.
             # Exact all the same: every query checks the limit files (tree.limit_check).
-            mode, reason = POLLING, self._watch_problem or "not watching yet"
+            mode, reason = POLLING, self._use.problem or "not watching yet"
             expires = None
         snap = snapshot.make(res, lvls, host, mode, reason, expires, self._generation)
         if mode == WATCHING and not self.fresh and self.thread and LOOP.running():
@@ -282,7 +270,7 @@ class Tracker:
         if self.snap.uncached:
             self.due = 0.0  # every query reads anew
             return
-        if self._watch.queued or self._idle:
+        if self._watch.queued or self._use.idle:
             # Another thread read our changes, or the watches were given back for want of
             # use: the next query applies them, or watches again.
             self.due = 0.0
@@ -368,7 +356,7 @@ class Tracker:
             return  # cannot tell now (no descriptor left?): try again next time
         if moved:
             self.resolve_again("the process moved to another cgroup")
-        elif self.snap.status.version == 1 and tree.hidden_limit_moved(self.snap.levels):
+        elif self.snap.status.version == 1 and tree.hidden_limit_moved(self.snap.levels, reads):
             self._refresh_limits()
         self.confirmed_at = now
 
@@ -378,8 +366,7 @@ class Tracker:
         return bool(self._loop_problem or self._resolve_failed or self._wants_watch())
 
     def _wants_watch(self) -> bool:
-        return self.use_inotify and not self._idle and not self._watch.active \
-            and self.snap.status.mode != HOST
+        return self._use.wants() and self.snap.status.mode != HOST
 
     def _retry(self, now: float) -> None:
         self._retry_at = now + RETRY_INTERVAL
@@ -391,8 +378,7 @@ class Tracker:
             if not self._start_watching():
                 self.resolve_again("the cgroup tree changed while it was being watched")
             if not self._watch.active:
-                self._retry_at = max(self._retry_at, HUB.next_try(),
-                                     now + quota.backoff(self._watch_failures))
+                self._retry_at = max(self._retry_at, self._use.next_try(now))
         else:
             self._attach_loop()
             self._republish()
@@ -420,41 +406,24 @@ class Tracker:
         """Point inotify at the current levels, creating the watcher if it is missing (so a
         watch limit hit earlier is retried on every re-resolve). False if a path vanished
         between resolving and watching: the caller resolves again."""
-        if not self.use_inotify:
-            self._watch_problem = self._watch_problem or "inotify disabled by the caller"
-            return True
-        if self.closed or self._idle:
+        if self.closed:
             return True
         try:
-            self._watch.start()
-        except WatchUnavailable as e:
-            # No instance (the quota rule, or EMFILE: none left) is a choice, and polling
-            # is exact: INFO, once per process (logs.Reporter says why not WARNING).
-            self._fall_back_to_polling(str(e), choice=True)
-            return True
-        try:
-            self._watch.replace(watch_targets(self.layout(), self._subs))
+            failed = self._use.watch_now(lambda: watch_targets(self.layout(), self._subs))
         except TargetGone:
             return False
-        except WatchUnavailable as e:  # a watch refused (ENOSPC: the uid's watch limit)
-            self._watch_failures += 1
-            self._fall_back_to_polling(str(e))
+        if failed is not None:
+            self._fall_back_to_polling(*failed)
             return True
-        self._watch_problem = ""
-        self._watch_failures = 0
         self._attach_loop()
         self._republish()
         return True
 
     def _fall_back_to_polling(self, reason: str, choice: bool = False) -> None:
-        self._watch_problem = reason
         self.report(f"{reason}; polling instead (a pread of each limit file per query)",
                     choice, per_process=True)
-        self._stop_watching()
+        self._use.fall_back(reason)
         self._republish()
-
-    def _stop_watching(self) -> None:
-        self._watch.stop()
 
     def _drain(self) -> None:
         """Read and apply every queued inotify change (non-blocking; nothing queued is cheap)."""
@@ -463,7 +432,7 @@ class Tracker:
         self.applying = True
         try:
             try:
-                changes, rebuild = self._watch.read()
+                changes, rebuild = self._use.read()
             except OSError as e:
                 self._fall_back_to_polling(f"reading inotify failed: {e}")
                 return
@@ -518,11 +487,7 @@ class Tracker:
             if self.closed:
                 return
             self._confirm(now, reads)
-            if self._watch.active and self.fresh and not len(self._subs) \
-                    and now - self._used_at > IDLE_RELEASE:
-                self._idle = True
-                self._watch_problem = f"idle: no query for {IDLE_RELEASE:g} s, inotify given back"
-                self._stop_watching()
+            if self._use.release_if_idle(now, bool(len(self._subs)), self.fresh):
                 self._republish()
             if self._needs_retry() and now >= self._retry_at:
                 self._retry(now)

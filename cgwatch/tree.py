@@ -330,15 +330,23 @@ def limit_check(levels: tuple[Level, ...], version: int) -> Callable[[float], bo
     return changed
 
 
-def hidden_limit_moved(levels: tuple[Level, ...]) -> bool:
+def hidden_limit_moved(levels: tuple[Level, ...],
+                       reads: Optional[dict[Any, Any]] = None) -> bool:
     """v1: whether the limit above the visible top changed (appeared, went, or moved). No
     inotify event reaches it, so the tracker asks with each confirmation (one memory.stat
-    read, none at a hierarchy's real root)."""
+    read, none at a hierarchy's real root; on the timer, one per top directory for every
+    monitor: `reads`, as ProcCgroup.moved)."""
     if not levels:
         return False
     hidden = levels[-1] if levels[-1].hidden else None
     top = levels[-2] if hidden is not None and len(levels) > 1 else levels[-1]
     if top.kept is None:
         return False
-    now = hidden_v1_limit(top)
+    key = ("hidden", top.directory)
+    if reads is not None and key in reads:
+        now = reads[key]
+    else:
+        now = hidden_v1_limit(top)
+        if reads is not None:
+            reads[key] = now
     return (now.limit if now is not None else None) != (hidden.limit if hidden else None)

@@ -129,7 +129,9 @@ class Hub:
                 watcher = Watcher(quota.read_limit())
             except WatchUnavailable as e:  # EMFILE too: none left, back off the same
                 self._refusals += 1
-                self._next_try = now + quota.backoff(self._refusals)
+                # The spread from the clock's microseconds: `random` costs ~1 ms to import.
+                spread = time.monotonic_ns() // 1000 % 1000 / 1000
+                self._next_try = now + quota.backoff(self._refusals, spread)
                 self._refusal = e
                 raise
             try:
