@@ -212,7 +212,7 @@ class Hub:
         if fd >= 0:
             reader = _Reader(self)
             self._reader = weakref.ref(reader)
-            for token in self._looped:
+            for token in list(self._looped):
                 member = self._members.get(token)
                 if member is not None:
                     member.reader = reader

@@ -117,3 +117,53 @@ def test_closed_monitor_follows_a_move(tree: Tree) -> None:
     total, path, mode, watches, bounded = json.loads(proc.stdout.readline())
     assert (total, mode, watches, bounded) == (200 * MiB, "polling", 0, True)
     assert path.endswith("/second")
+
+
+def test_a_siblings_removal_wakes_no_watcher(tree: Tree) -> None:
+    """Job and pod cgroups come and go under shared parents. Removing a sibling raises
+    IN_DELETE in the parent (6.18 v1), and parents were watched for it, so each removal woke
+    every watching process of the node. Now no directory is watched (watching.watch_targets
+    says why): 50 siblings made and removed beside ours wake the monitor's thread (its
+    kernel count of voluntary context switches) no more than its timer does, while a limit
+    write still reaches it."""
+    ours = tree.make("ours", limit=300 * MiB)
+    code = f"""
+        import json, sys, threading
+        sys.path.insert(0, {PROJECT!r})
+        from cgwatch import Monitor
+        m = Monitor(migration_interval=60)
+        seen = []
+        m.subscribe(lambda change: seen.append(change.kind))
+        tid = next(t.native_id for t in threading.enumerate() if t.name == "cgwatch")
+
+        def switches():
+            with open(f"/proc/self/task/{{tid}}/status") as f:
+                return int(next(line.split()[1] for line in f
+                                if line.startswith("voluntary_ctxt_switches")))
+
+        for line in sys.stdin:
+            print(json.dumps([switches(), m.status.mode, seen.count("limits")]), flush=True)
+    """
+    proc = tree.spawn(ours, code, stdin=-1)
+    assert proc.stdout is not None and proc.stdin is not None
+
+    def ask() -> list[object]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("?\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline())  # type: ignore[no-any-return]
+
+    ask()  # started and settled
+    before, mode, _ = ask()
+    assert mode == "watching"
+    for i in range(50):
+        sibling = os.path.join(tree.base, f"sibling-{i}")
+        os.mkdir(sibling)
+        os.rmdir(sibling)
+    after, _, _ = ask()
+    assert after - before <= 5  # before: 31 wake-ups for the 50 removals (0 now)
+    tree.set_limit(ours, 200 * MiB)
+    deadline = 50
+    while deadline and ask()[2] == 0:
+        deadline -= 1
+    assert ask()[2] >= 1  # the limit write still wakes it
