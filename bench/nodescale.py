@@ -183,10 +183,14 @@ class Fleet:
         self.set_limit(8 * GiB)
         project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         full_env = dict(os.environ, PYTHONPATH=project, **(env or {}))
-        self.proc = subprocess.Popen(
-            [fleet_python(), "-c", FLEET, str(count), str(ns_limit), "1" if pool else "0"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=full_env, user=uid, group=uid, extra_groups=[], cwd="/")
+        try:
+            self.proc = subprocess.Popen(
+                [fleet_python(), "-c", FLEET, str(count), str(ns_limit), "1" if pool else "0"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=full_env, user=uid, group=uid, extra_groups=[], cwd="/")
+        except BaseException:
+            os.rmdir(self.cgroup)  # nothing was started in it
+            raise
         try:
             pid = self._reply(30)["ready"]
             with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
