@@ -8,8 +8,10 @@ Besides the default monitor (its queries check for queued limit writes and, ever
 confirm_interval, re-read /proc/self/cgroup), the same place times the freshness modes:
 `fresh=False` (the thread-kept cache, no per-call check), `thread=False` (no background
 thread; queries keep the cache exact themselves) and `confirm_interval=0` (every call takes
-the confirm slow path), with the bare syscalls under those checks as floors. A cgwatch whose
-Monitor does not take these arguments (before the freshness checks) just has fewer rows.
+the confirm slow path), and polling (`use_inotify=False`: a pread of each limit file per
+query instead of the inotify poll), with the bare syscalls under those checks as floors. A
+cgwatch whose Monitor does not take these arguments (before the freshness checks) just has
+fewer rows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fresh=False": {"fresh": False},
     "thread=False": {"thread": False},
     "confirm every call": {"confirm_interval": 0.0},
+    # No inotify (CGWATCH_INOTIFY=0, or the uid's quota left to others): each query preads
+    # every level's limit file, so the answer stays exact.
+    "polling": {"use_inotify": False},
 }
 
 

@@ -74,6 +74,29 @@ def idle_cost(seconds: float, migration_interval: float) -> dict[str, Any]:
     }
 
 
+def idle_scale(make: Callable[[], Any], counts: tuple[int, ...],
+               seconds: float) -> dict[str, Any]:
+    """Idle cost of the one loop thread with N monitors in this process, for each N: the
+    process's one timer and one /proc/self/cgroup read serve them all (ticker.py), so the
+    figure should not grow with N. `cpu_percent` is of one core."""
+    out: dict[str, Any] = {}
+    for count in counts:
+        monitors = [make() for _ in range(count)]
+        try:
+            for m in monitors:
+                m.total_memory()
+            time.sleep(0.2)  # start-up work done
+            cost = idle_cost(seconds, monitors[0].migration_interval)
+            cost["cpu_percent"] = cost["cpu_ms"] / 10 / cost["seconds"]
+            cost["modes"] = sorted({m.status.mode for m in monitors})
+            out[str(count)] = cost
+        finally:
+            for m in monitors:
+                m.close()
+        quiet(10.0)
+    return out
+
+
 def quiet(timeout: float = 0.5) -> bool:
     """Wait until no "cgwatch" thread is alive; False if one still is after `timeout` s.
 

@@ -9,7 +9,9 @@ total_memory() in the freshness modes (fresh=False, thread=False, a confirm on e
 and the syscall floors under those checks, the guard's check() per step (far from its thresholds
 and near them, bench/guard.py), limit-write latency (also with fresh=False, the thread's
 path), OOM kill -> Events callback latency, monitor start-up, import time and RSS
-in fresh interpreters, and the idle cost of the thread (not with --quick). Missed targets
+in fresh interpreters, the idle cost of 1, 100 and 1000 monitors in one process, node scale
+(bench/nodescale.py: 300 processes of one uid; 24 in a user namespace limited to 8 instances
+with --quick), and the idle cost of the thread (not with --quick). Missed targets
 print MISS; the exit status is non-zero only if the bench crashes.
 """
 
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cgwatch
-from bench import calls, cgroups, events_latency, guard, idle, latency, report
+from bench import calls, cgroups, events_latency, guard, idle, latency, nodescale, report
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,16 @@ class Plan:
     idle_seconds: float
     floor: bool  # also measure the latency floor of a bare Python thread
     event_trials: int  # OOM kills for the Events latency
+    idle_scale: tuple[int, ...]  # monitors in one process for the idle-at-scale section
+    idle_scale_seconds: float
+    nodescale: tuple[int, ...]  # cgwatch processes of one uid (bench/nodescale.py)
+    nodescale_userns_limit: int  # 0: the host's limit, as an unused uid
 
 
 FULL = Plan(61, 0.01, ((1, "leaf"), (3, "leaf"), (10, "leaf"), (3, "all"), (10, "all")),
-            300, 30, 5, 60.0, True, 200)
-QUICK = Plan(9, 0.005, ((1, "leaf"), (10, "leaf"), (10, "all")), 60, 10, 2, 0.0, False, 20)
+            300, 30, 5, 60.0, True, 200, (1, 100, 1000), 10.0, (300,), 0)
+QUICK = Plan(9, 0.005, ((1, "leaf"), (10, "leaf"), (10, "all")), 60, 10, 2, 0.0, False, 20,
+             (1, 1000), 1.0, (24,), 8)
 
 
 def progress(message: str) -> None:
@@ -152,6 +159,16 @@ def measure(plan: Plan, argv: list[str]) -> dict[str, Any]:
     results["startup"]["own cgroup"] = idle.startup_time(cgwatch.Monitor, plan.startup_repeat)
     package_parent = os.path.dirname(results["meta"]["cgwatch"])
     results["rss"] = idle.rss_and_import(package_parent, plan.rss_repeat)
+    progress(f"idle cost at scale: {plan.idle_scale} monitors, {plan.idle_scale_seconds:g} s")
+    results["idle_scale"] = idle.idle_scale(cgwatch.Monitor, plan.idle_scale,
+                                            plan.idle_scale_seconds)
+    progress(f"node scale: {plan.nodescale} processes of one uid")
+    try:
+        results["nodescale"] = [
+            nodescale.measure(n, idle_seconds=plan.idle_scale_seconds,
+                              ns_limit=plan.nodescale_userns_limit) for n in plan.nodescale]
+    except (OSError, RuntimeError, SystemExit) as e:
+        results["nodescale"] = {"skipped": str(e)}
     if plan.idle_seconds > 0:
         progress(f"idle cost: {plan.idle_seconds:.0f} s asleep")
         monitor = cgwatch.Monitor()

@@ -38,6 +38,12 @@ class LazyLogger:
             return
         self.logger().debug(msg, *args, stacklevel=2)
 
+    def info(self, msg: str, *args: object) -> None:
+        # As debug(): dropped without the import until something imported logging.
+        if self._logger is None and "logging" not in sys.modules:
+            return
+        self.logger().info(msg, *args, stacklevel=2)
+
     def warning(self, msg: str, *args: object) -> None:
         self.logger().warning(msg, *args, stacklevel=2)
 
@@ -48,3 +54,41 @@ class LazyLogger:
 
 
 log = LazyLogger()
+
+REPORTED_MAX = 100  # distinct problems logged per monitor
+
+# Reasons logged by this process (inherited by a fork child: what its parent said already
+# is not said again by each of a pool's workers).
+_said: set[str] = set()
+
+
+class Reporter:
+    """One monitor's problem log: each distinct reason once (a process-wide one once per
+    process), at most
+    REPORTED_MAX reasons per monitor (a file whose bad content keeps changing makes a new
+    reason each time, and a process runs for weeks), then one line saying the rest are not
+    logged. A choice rather than a problem (polling to leave the uid's inotify instances to
+    others) is logged at INFO: with no logging configured, Python's last-resort handler
+    prints WARNING records to stderr, which was one line per worker of a fork pool."""
+
+    def __init__(self) -> None:
+        self._reported: set[str] = set()
+
+    def report(self, reason: str, choice: bool = False, per_process: bool = False) -> None:
+        """`per_process`: a state of the process, not of this monitor (the process's inotify
+        instance): logged by the first monitor that meets it only."""
+        if not reason or reason in self._reported or len(self._reported) > REPORTED_MAX:
+            return
+        self._reported.add(reason)
+        if len(self._reported) > REPORTED_MAX:
+            log.warning("cgwatch: more than %d distinct problems; not logging further ones "
+                        "(status.reason still shows the current one)", REPORTED_MAX)
+            return
+        if per_process:
+            if reason in _said:
+                return
+            _said.add(reason)
+        if choice:
+            log.info("cgwatch: %s", reason)
+        else:
+            log.warning("cgwatch: %s", reason)

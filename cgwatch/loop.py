@@ -270,69 +270,6 @@ class Loop:
         self._reset()
 
 
-class Presence:
-    """An owner's place on the loop: at most one descriptor (POLLIN) and one timer, kept in
-    step with what the owner wants by `update()`; `leave()` takes both out. The callbacks are
-    the owner's bound methods, held weakly by the loop."""
-
-    def __init__(self, loop: Loop, on_readable: FdCallback, on_timer: Callback) -> None:
-        self._loop = loop
-        # Weak: the owner holds its Presence, and a cycle would outlive a dropped owner.
-        self._on_readable = _weak(on_readable)
-        self._on_timer = _weak(on_timer)
-        self.fd = -1
-        self.timer: Optional[Timer] = None
-
-    @property
-    def present(self) -> bool:
-        return self.timer is not None
-
-    def update(self, fd: int, interval: float) -> str:
-        """Be registered with `fd` (-1: none) and a timer `interval` seconds away (kept if one
-        is pending). "" when the thread runs, else why not (loop.problem)."""
-        self.set_fd(fd)
-        callback = self._on_timer()
-        if self.timer is None and callback is not None:
-            self.timer = self._loop.call_at(time.monotonic() + interval, callback)
-        return self._loop.ensure_running()
-
-    def set_fd(self, fd: int) -> None:
-        """Watch `fd` instead of the one before (-1: none)."""
-        if fd != self.fd:
-            if self.fd >= 0:
-                self._loop.unregister(self.fd)
-            callback = self._on_readable()
-            if fd >= 0 and callback is not None:
-                self._loop.register(fd, select.POLLIN, callback)
-            self.fd = fd
-
-    def timer_fired(self) -> None:
-        self.timer = None
-
-    def leave(self) -> None:
-        if self.fd >= 0:
-            self._loop.unregister(self.fd)
-            self.fd = -1
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def forget(self) -> None:
-        """A fork child: the loop has reset; nothing of ours is registered any more."""
-        self.fd = -1
-        self.timer = None
-
-    def __del__(self) -> None:
-        # No lock here (a collection can run this inside any critical section, the loop's
-        # own included): cancel the timer and wake the loop, which drops dead registrations.
-        try:
-            if self.timer is not None:
-                self.timer.cancel()
-            self._loop.wake()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
-            pass
-
-
 def _pipe() -> tuple[int, int]:
     r, w = os.pipe()
     for fd in (r, w):

@@ -59,8 +59,10 @@ class Monitor:
     `root` prefixes every path read (/proc/..., /sys/fs/cgroup/...), so tests can use a fake
     tree. `confirm_interval`: at most this long (seconds) after a move to another cgroup,
     queries answer for the new one. `migration_interval`: the background thread's own check
-    for a move (its only idle wake-up). `poll_interval`: cache lifetime when inotify is
-    unavailable. `use_inotify=False` forces polling.
+    for a move (its only idle wake-up). `poll_interval`: how often a closed monitor re-reads.
+    `use_inotify=False` forces polling, exact all the same (each query preads every level's
+    limit file); CGWATCH_INOTIFY=0 does it for every monitor of the process, and a process
+    polls by itself when the uid has too few inotify instances left (docs/design.md §3a).
 
     `thread`: serve this monitor from the process-wide background thread (default True, or
     the CGWATCH_THREAD environment variable). Thread-free, queries stay exact (they drain
@@ -195,7 +197,7 @@ class Monitor:
         if tracker.read_problem:
             reason = "; ".join(r for r in (reason, tracker.read_problem) if r)
         return replace(snap.status, reason=reason, confirmed_at=tracker.confirmed_at,
-                       thread=tracker.served())
+                       thread=tracker.served(), watches=tracker.watches)
 
     def levels(self) -> list[LevelInfo]:
         """Every level from the process's cgroup to the top, read now."""
@@ -238,7 +240,8 @@ class Monitor:
 
     def close(self) -> None:
         """Release every descriptor and watch and leave the background thread. Queries keep
-        answering, from fresh reads (at most every poll_interval for the limits)."""
+        answering, from fresh reads (at most every poll_interval: /proc/self/cgroup first,
+        so a move to another cgroup is followed, then the limits)."""
         self._tracker.close()
 
     def __enter__(self) -> Monitor:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     LimitedLevel = tuple[Optional[int], int, int, int, bytes]
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
-POLLING = "polling"  # no inotify: limits re-read when the cache is older than poll_interval
+POLLING = "polling"  # no inotify: each query preads the limit files (tree.limit_check)
 HOST = "host"  # no usable memory cgroup: host values (MemTotal / MemAvailable)
 
 
@@ -32,7 +32,7 @@ class Status(Frozen):
     fields by name, as JSON output uses it.)"""
 
     _fields = ("mode", "reason", "version", "cgroup_path", "directory", "host_source",
-               "confirmed_at", "above", "thread")
+               "confirmed_at", "above", "thread", "watches")
     mode: str  # WATCHING, POLLING or HOST
     reason: str  # why not WATCHING (empty when all is well), or a problem with a level
     version: Optional[int]  # cgroup version of the memory hierarchy, None without one
@@ -46,11 +46,14 @@ class Status(Frozen):
     # limits no file shows)
     above: str
     thread: bool  # the background thread serves this monitor now
+    # inotify watches this monitor holds on the process's one instance (0: none, the monitor
+    # polls or holds no level); the instance itself is the process's (docs/design.md)
+    watches: int
 
     def __init__(self, mode: str, reason: str, version: Optional[int],
                  cgroup_path: Optional[str], directory: Optional[str], host_source: str,
                  confirmed_at: Optional[float] = None, above: str = "",
-                 thread: bool = False) -> None:
+                 thread: bool = False, watches: int = 0) -> None:
         setter(self, "mode", mode)
         setter(self, "reason", reason)
         setter(self, "version", version)
@@ -60,6 +63,7 @@ class Status(Frozen):
         setter(self, "confirmed_at", confirmed_at)
         setter(self, "above", above)
         setter(self, "thread", thread)
+        setter(self, "watches", watches)
 
 
 class LevelInfo(Frozen):

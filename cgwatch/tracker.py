@@ -2,13 +2,14 @@
 the levels with inotify, applies changes, re-checks /proc/self/cgroup, and tells subscribers.
 
 Who runs it:
-- the process-wide loop thread (loop.py), which wakes on the inotify descriptor and on a slow
-  timer (`migration_interval`): its only wake-up while idle;
+- the process-wide loop thread (loop.py), which wakes on the process's inotify descriptor
+  (watching.py: one instance for every monitor) and on the one slow timer of the process
+  (ticker.py, every `migration_interval`): its only wake-ups while idle;
 - the queries themselves (`refresh`), whenever the hot path's cheap checks say so: a poll(0)
   of the inotify descriptor found changes queued (a limit write queues its event before the
   writer's write(2) returns, so a query that starts after it always sees it), or the
-  `confirm_interval` (0.1 s) since /proc/self/cgroup was last read has passed, or a polling
-  cache expired, or something that failed is due for a retry.
+  `confirm_interval` (0.1 s) since /proc/self/cgroup was last read has passed, or (polling)
+  a limit file reads other than before, or something that failed is due for a retry.
 
 So the cache is exact without the thread; the thread only makes changes visible to
 subscribers (and in `fresh=False` mode, to queries) without a query.
@@ -16,30 +17,29 @@ subscribers (and in `fresh=False` mode, to queries) without a query.
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
-import weakref
 
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
 from .hostmem import HostMemory
-from .logs import log
-from .loop import LOOP, Presence, at_fork_in_child
+from .inotify_use import InotifyUse
+from .logs import Reporter, log
+from .loop import LOOP, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
 from .snapshot import HOST, POLLING, WATCHING, Snapshot
+from .ticker import TICKER, Reads
 from .tree import Level, ProcCgroup
 from .watcher import Change as WatchChange
-from .watcher import Target, TargetGone, WatchUnavailable
-from .watching import LevelWatch, level_removed, watch_targets
+from .watcher import Target, TargetGone
+from .watching import at_exit, watch_targets
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
-REPORTED_MAX = 100  # distinct problems logged per monitor
-RETRY_INTERVAL = 1.0  # seconds between retries of what failed (inotify, the thread, a resolve)
+RETRY_INTERVAL = 1.0  # seconds between retries of what failed (the thread, a resolve)
 
 
 class Tracker:
@@ -51,7 +51,6 @@ class Tracker:
         self.migration_interval = migration_interval
         self.confirm_interval = confirm_interval
         self.poll_interval = poll_interval
-        self.use_inotify = use_inotify
         self.thread = thread
         self.fresh = fresh
         self.lock = threading.RLock()  # serialises writers of the snapshot
@@ -63,11 +62,10 @@ class Tracker:
         # re-resolve): such problems are found by queries, not while building a snapshot.
         self.read_problem = ""
         self._forked = False  # set in a fork child until its first query re-arms
-        self._reported: set[str] = set()
+        self._reporter = Reporter()
         self._proc = ProcCgroup(root, pid)
-        self._watch = LevelWatch()
-        self._presence = Presence(LOOP, self._on_readable, self._on_timer)
-        self._watch_problem = ""
+        self._use = InotifyUse(use_inotify, self._poke, self._on_changes)
+        self._watch = self._use.watch
         self._loop_problem = ""
         self._resolve_failed = False
         self._next_confirm = 0.0
@@ -78,7 +76,7 @@ class Tracker:
         at_fork_in_child(self._after_fork_in_child)
         with self.lock:
             self._start()
-        _at_exit(self)
+        at_exit(self.release_at_exit)
 
     # ---- what queries call ---------------------------------------------------------------
 
@@ -91,17 +89,21 @@ class Tracker:
                 now = time.monotonic()
                 if self.closed:
                     if snap is self.snap and now >= (snap.expires or 0.0):
-                        self._publish_fresh_limits()
+                        self._refresh_closed()
                     self.due = 0.0
                     return self.snap
-                pending = self._watch.pending
-                if pending is not None and pending(0):
-                    self._drain()  # not a read(2) that finds nothing: epoll said so
+                if self._use.used(now):
+                    self._retry_at = 0.0  # idle until now: watch again
+                # Always (~1 us): the loop thread may have read our event and not yet queued
+                # it; the hub's lock makes this wait for that (watching.py).
+                self._drain()
                 if now >= self._next_confirm:
                     self._confirm(now)
                 cur = self.snap
                 if cur.expires is not None and now >= cur.expires:
                     self._refresh_limits()
+                elif cur.status.mode == POLLING and cur.pending is not None and cur.pending(0):
+                    self._refresh_limits()  # polling: a limit file reads otherwise now
                 if now >= self._retry_at and self._needs_retry():
                     self._retry(now)
                 self._set_due()
@@ -109,22 +111,18 @@ class Tracker:
             self.report(f"refreshing the cache failed ({e!r}); answering from the last one")
         return self.snap
 
-    def report(self, reason: str) -> None:
-        """Log a fallback or problem once per distinct reason; at most REPORTED_MAX reasons
-        per monitor (a file whose bad content keeps changing makes a new reason each time,
-        and a process runs for weeks), then one line saying that the rest are not logged."""
-        if not reason or reason in self._reported or len(self._reported) > REPORTED_MAX:
-            return
-        self._reported.add(reason)
-        if len(self._reported) > REPORTED_MAX:
-            log.warning("cgwatch: more than %d distinct problems; not logging further ones "
-                        "(status.reason still shows the current one)", REPORTED_MAX)
-            return
-        log.warning("cgwatch: %s", reason)
+    def report(self, reason: str, choice: bool = False, per_process: bool = False) -> None:
+        """Log a fallback or problem once (logs.Reporter)."""
+        self._reporter.report(reason, choice, per_process)
 
     def served(self) -> bool:
         """Whether the loop thread serves this monitor right now."""
-        return not self.closed and self._presence.present and LOOP.running()
+        return not self.closed and TICKER.present(self) and LOOP.running()
+
+    @property
+    def watches(self) -> int:
+        """Kernel watches this monitor holds on the process's inotify instance."""
+        return self._watch.watches
 
     @property
     def subscriptions(self) -> int:
@@ -166,8 +164,8 @@ class Tracker:
                 return
             self.closed = True
             self._subs.detach_all()
-            self._presence.leave()
-            self._stop_watching()
+            TICKER.leave(self)
+            self._watch.stop()
             self._proc.forget_descriptor()
             self.snap = replace(self.snap, host=self.snap.host.detached())
             self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
@@ -183,10 +181,7 @@ class Tracker:
         with self.lock:
             if self.closed or not self._watch.active:
                 return
-            self.use_inotify = False
-            self._watch_problem = "interpreter shutting down"
-            self._presence.set_fd(-1)
-            self._watch.release_at_exit()
+            self._use.release_at_exit()
             self._republish()
 
     def _after_fork_in_child(self) -> None:
@@ -196,7 +191,6 @@ class Tracker:
         self.lock = threading.RLock()  # the parent's may have been held by another thread
         self._forked = True
         self.applying = False
-        self._presence.forget()
         self._watch.forget_after_fork()
         self._proc.forget_descriptor()
         self._subs.detach_all()
@@ -254,13 +248,16 @@ class Tracker:
             expires = None
         else:
             # Also the state during construction, until _start() has created the watcher.
-            mode, reason = POLLING, self._watch_problem or "not watching yet"
-            expires = time.monotonic() + self.poll_interval
+            # Exact all the same: every query checks the limit files (tree.limit_check).
+            mode, reason = POLLING, self._use.problem or "not watching yet"
+            expires = None
         snap = snapshot.make(res, lvls, host, mode, reason, expires, self._generation)
         if mode == WATCHING and not self.fresh and self.thread and LOOP.running():
             snap = replace(snap, trusted=True)
         elif self._watch.pending is not None:
             snap = replace(snap, pending=self._watch.pending)
+        elif mode == POLLING:
+            snap = replace(snap, pending=tree.limit_check(lvls, res.version))
         return snap
 
     def _republish(self) -> None:
@@ -272,6 +269,11 @@ class Tracker:
     def _set_due(self) -> None:
         if self.snap.uncached:
             self.due = 0.0  # every query reads anew
+            return
+        if self._watch.queued or self._use.idle:
+            # Another thread read our changes, or the watches were given back for want of
+            # use: the next query applies them, or watches again.
+            self.due = 0.0
             return
         due = self._next_confirm
         if self.snap.expires is not None:
@@ -319,6 +321,18 @@ class Tracker:
         self.snap = self._publishable(res, lvls, snap.host)
         return True
 
+    def _refresh_closed(self) -> None:
+        """A closed monitor's re-read (at most every poll_interval), with no descriptor kept:
+        /proc/self/cgroup read anew, so a move is followed, then the limits."""
+        if self._proc.moved_unkept():
+            self.snap = self._build(self.snap)
+            self._proc.forget_descriptor()
+            self.snap = replace(self.snap, host=self.snap.host.detached())
+            self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
+                                                     time.monotonic() + self.poll_interval)
+        else:
+            self._publish_fresh_limits()
+
     def _apply_limit_changes(self, targets: list[Target]) -> None:
         """Re-read only the limit files that raised an event (tree.changed_limits); anything
         unusual takes the full re-read."""
@@ -333,30 +347,39 @@ class Tracker:
         else:
             self.snap = self._publishable(res, lvls, snap.host)
 
-    def _confirm(self, now: float) -> None:
-        """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here)"""
+    def _confirm(self, now: float, reads: Optional[Reads] = None) -> None:
+        """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here;
+        on the timer, one read serves every monitor: `reads`)"""
         self._next_confirm = now + self.confirm_interval
         self.snap.host.refresh_bound_if_due(now)  # thread-free monitors have no timer for it
-        moved = self._proc.moved()
+        moved = self._proc.moved(reads)
         if moved is None:
             return  # cannot tell now (no descriptor left?): try again next time
         if moved:
             self.resolve_again("the process moved to another cgroup")
-        elif self.snap.status.version == 1 and tree.hidden_limit_moved(self.snap.levels):
+        elif self.snap.status.version == 1 and tree.hidden_limit_moved(self.snap.levels, reads):
             self._refresh_limits()
         self.confirmed_at = now
 
     def _needs_retry(self) -> bool:
         if self.closed:
             return False
-        return bool(self._loop_problem or self._resolve_failed
-                    or (self.use_inotify and not self._watch.active
-                        and self.snap.status.mode != HOST))
+        return bool(self._loop_problem or self._resolve_failed or self._wants_watch())
+
+    def _wants_watch(self) -> bool:
+        return self._use.wants() and self.snap.status.mode != HOST
 
     def _retry(self, now: float) -> None:
         self._retry_at = now + RETRY_INTERVAL
-        if self._resolve_failed or (self.use_inotify and not self._watch.active):
+        if self._resolve_failed:
             self.resolve_again("retrying what failed")  # the limits may have been raised or freed
+        elif self._wants_watch():
+            # Not before the hub's back-off (quota.backoff): no re-resolve per try, and no
+            # probe until then.
+            if not self._start_watching():
+                self.resolve_again("the cgroup tree changed while it was being watched")
+            if not self._watch.active:
+                self._retry_at = max(self._retry_at, self._use.next_try(now))
         else:
             self._attach_loop()
             self._republish()
@@ -384,33 +407,24 @@ class Tracker:
         """Point inotify at the current levels, creating the watcher if it is missing (so a
         watch limit hit earlier is retried on every re-resolve). False if a path vanished
         between resolving and watching: the caller resolves again."""
-        if not self.use_inotify:
-            self._watch_problem = "inotify disabled by the caller"
-            return True
         if self.closed:
             return True
         try:
-            self._watch.start()
-            self._watch.replace(watch_targets(self.layout(), self._subs))
+            failed = self._use.watch_now(lambda: watch_targets(self.layout(), self._subs))
         except TargetGone:
             return False
-        except WatchUnavailable as e:
-            self._fall_back_to_polling(str(e))
+        if failed is not None:
+            self._fall_back_to_polling(*failed)
             return True
-        self._watch_problem = ""
         self._attach_loop()
         self._republish()
         return True
 
-    def _fall_back_to_polling(self, reason: str) -> None:
-        self._watch_problem = reason
-        self.report(f"{reason}; polling every {self.poll_interval}s instead")
-        self._stop_watching()
+    def _fall_back_to_polling(self, reason: str, choice: bool = False) -> None:
+        self.report(f"{reason}; polling instead (a pread of each limit file per query)",
+                    choice, per_process=True)
+        self._use.fall_back(reason)
         self._republish()
-
-    def _stop_watching(self) -> None:
-        self._presence.set_fd(-1)
-        self._watch.stop()
 
     def _drain(self) -> None:
         """Read and apply every queued inotify change (non-blocking; nothing queued is cheap)."""
@@ -419,7 +433,7 @@ class Tracker:
         self.applying = True
         try:
             try:
-                changes, rebuild = self._watch.read()
+                changes, rebuild = self._use.read()
             except OSError as e:
                 self._fall_back_to_polling(f"reading inotify failed: {e}")
                 return
@@ -429,10 +443,9 @@ class Tracker:
             self.applying = False
 
     def _apply(self, changes: list[WatchChange], rebuild: bool) -> None:
-        removed = level_removed(changes, self.layout())
         limits = [c.target for c in changes if c.target.kind == "limit"]
-        if rebuild or removed:
-            self.resolve_again("a watched cgroup was removed or the event queue overflowed")
+        if rebuild:
+            self.resolve_again("a watched file was removed or the event queue overflowed")
         elif limits:
             self._apply_limit_changes(limits)
             self._notify("limits")
@@ -443,57 +456,42 @@ class Tracker:
     # ---- the loop thread's side -------------------------------------------------------------
 
     def _attach_loop(self) -> None:
-        """Be on the loop when this monitor wants the thread (its own `thread`, or a
-        subscriber's need), else leave it."""
+        """Be on the ticker (and have the hub's descriptor on the loop) when this monitor
+        wants the thread (its own `thread`, or a subscriber's need), else leave both."""
         if self.closed or not (self.thread or len(self._subs)):
-            self._presence.leave()
+            TICKER.leave(self)
+            self._watch.want_loop(False)
             self._loop_problem = ""
             return
-        problem = self._presence.update(self._watch.fileno(), self.migration_interval)
+        self._watch.want_loop(True)
+        problem = TICKER.join(self, self.migration_interval)
         if problem and problem != self._loop_problem:
             self.report(f"{problem}: queries keep the cache exact themselves; events and "
                         "callbacks wait until it can start (retried every "
                         f"{RETRY_INTERVAL:g} s)")
         self._loop_problem = problem
 
-    def _on_readable(self, fd: int, revents: int) -> None:
+    def _poke(self) -> None:
+        self.due = 0.0  # another monitor read our changes (watching.Hub): next query applies
+
+    def _on_changes(self) -> None:
         with self.lock:
-            if fd == self._presence.fd:
+            if not self.closed:
                 self._drain()
                 self._set_due()
 
-    def _on_timer(self) -> None:
-        """The slow timer: a move to another cgroup raises no event, so look; retry what
-        failed; refresh the host reserve bound (hostmem.py)."""
+    def on_tick(self, now: float, reads: Reads) -> None:
+        """The process's slow timer (ticker.py): a move to another cgroup raises no event, so
+        look; retry what failed; give the watches back when idle; refresh the host reserve
+        bound (hostmem.py), once per tick for every monitor."""
         with self.lock:
-            self._presence.timer_fired()
             if self.closed:
                 return
-            now = time.monotonic()
-            self._confirm(now)
-            if self._needs_retry():
+            self._confirm(now, reads)
+            if self._use.release_if_idle(now, bool(len(self._subs)), self.fresh):
+                self._republish()
+            if self._needs_retry() and now >= self._retry_at:
                 self._retry(now)
-            self.snap.host.refresh_bound()
-            self._attach_loop()
+            host = self.snap.host
+            reads.once(("host", id(host)), host.refresh_bound)
             self._set_due()
-
-
-# Every live tracker, for the one atexit hook (registered with the first tracker).
-_live: weakref.WeakSet[Tracker] = weakref.WeakSet()
-_hooked = False
-
-
-def _at_exit(tracker: Tracker) -> None:
-    global _hooked
-    _live.add(tracker)
-    if not _hooked:
-        _hooked = True
-        atexit.register(_release_all_at_exit)
-
-
-def _release_all_at_exit() -> None:
-    for tracker in list(_live):
-        try:
-            tracker.release_at_exit()
-        except Exception:  # noqa: BLE001 - the shutdown goes on whatever happens
-            pass

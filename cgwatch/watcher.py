@@ -17,6 +17,7 @@ import errno
 import os
 import struct
 
+from . import quota
 from .frozen import Frozen, setter
 
 TYPE_CHECKING = False
@@ -35,6 +36,7 @@ IN_DELETE_SELF = 0x00000400
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
+IN_MASK_ADD = 0x20000000
 IN_CLOEXEC = os.O_CLOEXEC
 IN_NONBLOCK = os.O_NONBLOCK
 
@@ -82,6 +84,10 @@ class Change(Frozen):
 
 class WatchUnavailable(Exception):
     """inotify cannot serve this monitor; str(self) says why."""
+
+
+class QuotaRefused(WatchUnavailable):
+    """No instance taken: the uid has too few left for its other programs (quota.py)."""
 
 
 class TargetGone(Exception):
@@ -183,11 +189,17 @@ def parse_events(data: bytes) -> list[tuple[int, int, int, str]]:
 
 
 class Watcher:
-    """An inotify instance whose watch set can be replaced as a whole."""
+    """An inotify instance shared by owners (the monitors of a process, each a token), whose
+    watch sets are replaced each as a whole. A path two owners watch is one kernel watch:
+    inotify gives the same inode the same descriptor on one instance, so the watch is
+    counted per owner and removed when its last owner lets go."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: Optional[int] = None) -> None:
+        """A new instance; with `limit` (the uid's max_user_instances) only if the uid keeps
+        quota.reserve(limit) more after it (else QuotaRefused)."""
         self._fd = -1
-        self._targets: dict[int, Target] = {}
+        self._owned: dict[int, dict[int, list[Target]]] = {}  # owner -> wd -> its targets
+        self._owners: dict[int, set[int]] = {}  # wd -> owners
         try:
             libc()
         except OSError as e:
@@ -198,39 +210,77 @@ class Watcher:
             raise WatchUnavailable(f"inotify is not available on this platform ({e})") from e
         try:
             # Non-blocking: read() is one os.read(2), after poll(2) said the fd is readable.
-            self._fd = inotify_init()
+            if limit is None:
+                self._fd = inotify_init()
+            else:
+                self._fd, found = quota.take_instance(inotify_init, limit)
         except OSError as e:
             raise WatchUnavailable(_describe(e, "creating an instance")) from e
+        if self._fd < 0:
+            raise QuotaRefused(
+                f"leaving the uid's last inotify instances to other programs (only {found} "
+                f"could be made; cgwatch takes one when {quota.reserve(limit or 0)} more "
+                f"remain of fs.inotify.max_user_instances={limit})")
 
     def fileno(self) -> int:
         return self._fd
 
-    def replace(self, targets: Sequence[Target]) -> None:
-        """Watch exactly `targets`. New watches are added before old ones are dropped, so a
-        path watched before and after is never unwatched in between (inotify gives the same
-        inode the same descriptor, so re-adding it is free)."""
-        new: dict[int, Target] = {}
+    @property
+    def watches(self) -> int:
+        """Kernel watches held (each counts against fs.inotify.max_user_watches)."""
+        return len(self._owners)
+
+    def watches_of(self, owner: int) -> int:
+        return len(self._owned.get(owner, ()))
+
+    def owners(self) -> int:
+        return len(self._owned)
+
+    def replace(self, targets: Sequence[Target], owner: int = 0) -> None:
+        """Watch exactly `targets` for `owner`. New watches are added before old ones are
+        dropped, so a path watched before and after is never unwatched in between (re-adding
+        an inode returns its descriptor; IN_MASK_ADD keeps what other owners asked for)."""
+        new: dict[int, list[Target]] = {}
+        old = self._owned.get(owner, {})
         for target in targets:
             try:
-                wd = add_watch(self._fd, target.path, MASKS[target.kind])
+                wd = add_watch(self._fd, target.path, MASKS[target.kind] | IN_MASK_ADD)
             except OSError as e:
-                self._targets.update(new)
+                merged = dict(old)
+                for wd, found in new.items():
+                    merged[wd] = merged.get(wd, []) + found
+                self._owned[owner] = merged
                 if e.errno in (errno.ENOENT, errno.ENOTDIR):
                     raise TargetGone(target.path) from e
                 raise WatchUnavailable(_describe(e, f"watching {target.path}")) from e
-            new[wd] = target
-        for wd in set(self._targets) - set(new):
+            new.setdefault(wd, []).append(target)
+            self._owners.setdefault(wd, set()).add(owner)
+        self._owned[owner] = new
+        for wd in set(old) - set(new):
+            self._let_go(owner, wd)
+
+    def _let_go(self, owner: int, wd: int) -> None:
+        owners = self._owners.get(wd)
+        if owners is None:
+            return
+        owners.discard(owner)
+        if not owners:
+            del self._owners[wd]
             try:
                 rm_watch(self._fd, wd)
             except OSError:
                 pass  # already gone with its file: the kernel removed it (IN_IGNORED)
-        self._targets = new
 
-    def read(self) -> tuple[list[Change], bool]:
-        """Pending changes, and whether the watch set must be rebuilt (a watch vanished or the
-        event queue overflowed, so something may have been missed)."""
-        changes = []
-        rebuild = False
+    def drop(self, owner: int = 0) -> None:
+        """Remove `owner`'s watches (those no other owner holds leave the kernel); events of
+        them are ignored from now on."""
+        for wd in self._owned.pop(owner, {}):
+            self._let_go(owner, wd)
+
+    def read_all(self) -> dict[int, tuple[list[Change], bool]]:
+        """Pending changes of each owner that has some, and whether its watch set must be
+        rebuilt (a watch vanished or the event queue overflowed: something may be missed)."""
+        found: dict[int, tuple[list[Change], bool]] = {}
         # One read(2), no ioctl(FIONREAD) first: every syscall on the monitor thread lets the
         # GIL go, and a busy Python thread may keep it for a whole switch interval (5 ms)
         # before the monitor gets it back. What does not fit in the buffer stays queued and
@@ -241,25 +291,24 @@ class Watcher:
             data = b""
         for wd, mask, _, name in parse_events(data):
             if mask & IN_Q_OVERFLOW:
-                rebuild = True
+                for owner in self._owned:
+                    found[owner] = (found.get(owner, ([], False))[0], True)
                 continue
-            target = self._targets.get(wd)
-            if target is None:
-                continue  # a watch from before the last replace()
-            if mask & (IN_IGNORED | IN_DELETE_SELF):
-                rebuild = True
-            changes.append(Change(target, mask, name))
-        return changes, rebuild
+            for owner in list(self._owners.get(wd, ())):
+                targets = self._owned.get(owner, {}).get(wd, [])
+                changes, rebuild = found.get(owner, ([], False))
+                changes.extend(Change(target, mask, name) for target in targets)
+                found[owner] = (changes, rebuild or bool(mask & (IN_IGNORED | IN_DELETE_SELF)))
+            if mask & IN_IGNORED:
+                # The kernel dropped the watch; its number may be handed out again.
+                for owner in self._owners.pop(wd, ()):
+                    self._owned.get(owner, {}).pop(wd, None)
+        return found
 
-    def drop_watches(self) -> None:
-        """Remove every watch, keeping the descriptor open (Tracker.release_at_exit says
-        why); events of the removed watches are ignored from now on."""
-        targets, self._targets = self._targets, {}
-        for wd in targets:
-            try:
-                rm_watch(self._fd, wd)
-            except OSError:
-                pass
+    def read(self, owner: int = 0) -> tuple[list[Change], bool]:
+        """Pending changes of `owner` (those of other owners are read and dropped: for a
+        watcher with one owner)."""
+        return self.read_all().get(owner, ([], False))
 
     def close(self) -> None:
         fd, self._fd = self._fd, -1

@@ -59,11 +59,14 @@ LAYER = {
     "cgwatch.hostmem": "I/O edges",
     "cgwatch.watcher": "I/O edges",
     "cgwatch.notify": "I/O edges",
+    "cgwatch.quota": "I/O edges",
     "cgwatch.shm": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
     "cgwatch.watching": "machinery",
+    "cgwatch.inotify_use": "machinery",
+    "cgwatch.ticker": "machinery",
     "cgwatch.snapshot": "machinery",
     # Keep one monitor's snapshot true; count and log one layout's events.
     "cgwatch.tracker": "core",

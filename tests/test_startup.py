@@ -12,17 +12,15 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Callable
 
 import pytest
 
-from cgwatch import POLLING, WATCHING, Monitor, discovery, names, tracker, watching
+from cgwatch import WATCHING, Monitor, discovery, names, tracker
 from cgwatch.frozen import replace
 from cgwatch.logs import LazyLogger
 from cgwatch.snapshot import LevelInfo, Status
 from cgwatch.tree import Level
-from tests.cgroup_helpers import wait_for
 from tests.fake_tree import FakeHost, GiB
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,11 +76,12 @@ def test_status_keeps_its_dict_repr_equality_and_defaults() -> None:
     s = status()
     assert s.__dict__ == {"mode": "watching", "reason": "", "version": 2, "cgroup_path": "/a",
                           "directory": "/sys/fs/cgroup/a", "host_source": "meminfo",
-                          "confirmed_at": None, "above": "", "thread": False}
+                          "confirmed_at": None, "above": "", "thread": False,
+                          "watches": 0}
     json.dumps(s.__dict__)  # what the JSON output does with it
     assert repr(s) == ("Status(mode='watching', reason='', version=2, cgroup_path='/a', "
                        "directory='/sys/fs/cgroup/a', host_source='meminfo', "
-                       "confirmed_at=None, above='', thread=False)")
+                       "confirmed_at=None, above='', thread=False, watches=0)")
     assert s == status() and hash(s) == hash(status())
     assert s != status(reason="x") and s != object()
     assert status(thread=True).thread and not s.thread  # replace() made a copy
@@ -181,63 +180,130 @@ def test_a_warning_before_logging_is_configured_reaches_stderr() -> None:
 # ---- the watches at interpreter exit ------------------------------------------------------
 
 
-def watch_count(fd: int) -> int:
-    """inotify watches on `fd`, from the kernel's fdinfo (one `inotify wd:` line each)."""
-    with open(f"/proc/self/fdinfo/{fd}") as f:
-        return sum(1 for line in f if line.startswith("inotify wd:"))
+def inotify_watches() -> dict[int, int]:
+    """This process's inotify descriptors and the watches on each, from the kernel
+    (/proc/self/fd links to anon_inode:inotify; one `inotify wd:` line per watch in fdinfo)."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:inotify":
+                with open(f"/proc/self/fdinfo/{name}") as f:
+                    found[int(name)] = sum(1 for line in f if line.startswith("inotify wd:"))
+        except OSError:
+            pass  # closed meanwhile (the listing's own descriptor, say)
+    return found
 
 
-def test_release_at_exit_drops_the_watches_and_keeps_answering(host: FakeHost,
-                                                               opened: list[Monitor]) -> None:
+def test_monitors_share_one_instance_and_give_it_back(host: FakeHost) -> None:
+    """One inotify instance per process whatever the number of monitors (the kernel counts
+    instances per uid), and none once no monitor watches."""
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    m = Monitor(host.root, poll_interval=0.05)
-    opened.append(m)
-    assert m.status.mode == WATCHING
-    fd = m._tracker._watch.fileno()
-    assert watch_count(fd) > 0
-    m._tracker.release_at_exit()
-    assert watch_count(fd) == 0  # removed, the descriptor still open
-    assert m.status.mode == POLLING and "shutting down" in m.status.reason
-    host.set_limit("/a", 3 * GiB)
-    assert wait_for(lambda: m.total_memory() == 3 * GiB)  # polling sees it
-    time.sleep(tracker.RETRY_INTERVAL + 0.1)
-    m.total_memory()
-    assert m.status.mode == POLLING  # no watching again after the retry interval
-    assert not m._tracker._watch.active
-    m._tracker.release_at_exit()  # twice is harmless
-    m.close()
-    assert m.total_memory() == 3 * GiB
+    before = inotify_watches()
+    monitors = [Monitor(host.root) for _ in range(20)]
+    try:
+        assert {m.status.mode for m in monitors} == {WATCHING}
+        # One watch per level's limit file (v1's fake root has one, v2's has none), none on a
+        # directory.
+        limit_name = "memory.max" if monitors[0].status.version == 2 else "memory.limit_in_bytes"
+        files = [os.path.join(info.directory, limit_name) for info in monitors[0].levels()]
+        assert {m.status.watches for m in monitors} == {sum(map(os.path.exists, files))}
+        new = {fd: n for fd, n in inotify_watches().items() if fd not in before}
+        assert len(new) <= 1 and len(inotify_watches()) <= len(before) + 1
+        host.set_limit("/a", 3 * GiB)
+        assert [m.total_memory() for m in monitors] == [3 * GiB] * 20  # each sees it
+    finally:
+        for m in monitors:
+            m.close()
+    assert all(m.status.watches == 0 for m in monitors)
+    assert set(inotify_watches()) <= set(before)
 
 
 def test_at_exit_the_watches_are_gone_before_the_shutdown_ends() -> None:
     """In a real interpreter: an atexit handler registered before cgwatch was imported runs
-    after cgwatch's, and sees no watch left and a polling monitor that still answers."""
-    out = run_child("""
-        import atexit
+    after cgwatch's, and sees the instance still open (closed by the kernel at exit, after
+    the shutdown) with no watch left, and polling monitors that still answer, also past a
+    retry interval (no watching again)."""
+    out = run_child(f"""
+        import atexit, os, time
+
+        def inotify_watches():
+            found = []
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{{name}}") == "anon_inode:inotify":
+                        with open(f"/proc/self/fdinfo/{{name}}") as f:
+                            found.append(sum(1 for line in f if line.startswith("inotify wd:")))
+                except OSError:
+                    pass
+            return found
 
         def after_cgwatch():
-            fd = m._tracker._watch_fd_seen
-            with open(f"/proc/self/fdinfo/{fd}") as f:
-                left = sum(1 for line in f if line.startswith("inotify wd:"))
-            print(left, m.status.mode, m.total_memory() == total)
+            time.sleep({tracker.RETRY_INTERVAL + 0.2})
+            print(inotify_watches(), m.status.mode, m.status.watches, m.total_memory() == total,
+                  m2.status.mode)
 
         atexit.register(after_cgwatch)
         import cgwatch
         m = cgwatch.Monitor()
+        m2 = cgwatch.Monitor(thread=False)
         total = m.total_memory()
-        m._tracker._watch_fd_seen = m._tracker._watch.fileno()
-        print(m.status.mode)
+        print(m.status.mode, m.status.watches > 0, len(inotify_watches()))
     """)
-    assert out.split() == ["watching", "0", "polling", "True"]
+    lines = out.splitlines()
+    assert lines[0].split() == ["watching", "True", "1"]  # two monitors, one instance
+    assert lines[1].split() == ["[0]", "polling", "0", "True", "polling"]
 
 
-def test_released_watchers_are_kept_open_until_the_module_goes(host: FakeHost,
-                                                               opened: list[Monitor]) -> None:
-    host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    m = Monitor(host.root)
-    opened.append(m)
-    watcher = m._tracker._watch.watcher
-    m._tracker.release_at_exit()
-    assert watcher in watching._released and watcher is not None and watcher.fileno() >= 0
-    watching._released.remove(watcher)
-    watcher.close()
+def test_an_idle_monitor_gives_the_instance_back_and_watches_again_when_asked() -> None:
+    """A monitor with the thread and no query for IDLE_RELEASE seconds drops its watches, and
+    the process's instance goes with the last of them (back to the uid); the next query
+    answers right and watches again. (IDLE_RELEASE shortened; the real one is 60 s.)"""
+    out = run_child("""
+        import os, time
+        from cgwatch import inotify_use
+        inotify_use.IDLE_RELEASE = 0.3
+
+        def instances():
+            return sum(1 for name in os.listdir("/proc/self/fd")
+                       if os.path.exists(f"/proc/self/fd/{name}")
+                       and os.readlink(f"/proc/self/fd/{name}") == "anon_inode:inotify")
+
+        import cgwatch
+        m = cgwatch.Monitor(migration_interval=0.1)
+        total = m.total_memory()
+        print(m.status.mode, instances())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and instances():
+            time.sleep(0.05)  # no query meanwhile
+        print(instances(), m.total_memory() == total, m.status.mode)
+    """)
+    assert out.split() == ["watching", "1", "0", "True", "watching"]
+
+
+def test_many_monitors_share_one_timer_tick() -> None:
+    """200 monitors made one after another wake the loop thread once per tick together
+    (ticker.py): a member joins the next tick instead of starting a phase of its own.
+    Counted in the kernel's voluntary context switches of the thread (each is one sleep then
+    wake-up) over 1 s with a 0.2 s interval: ~5 expected (3-5 seen); with a phase per member
+    it was ~30 per second for 1000 monitors. (The work per tick, one /proc/self/cgroup read
+    for all, is the bench's `idle_scale`: a CPU figure, not a test.)"""
+    out = run_child("""
+        import threading, time
+        import cgwatch
+        monitors = []
+        for _ in range(200):
+            monitors.append(cgwatch.Monitor(migration_interval=0.2))
+            time.sleep(0.001)  # joined at different moments
+        tid = next(t.native_id for t in threading.enumerate() if t.name == "cgwatch")
+
+        def switches():
+            with open(f"/proc/self/task/{tid}/status") as f:
+                return int(next(line.split()[1] for line in f
+                                if line.startswith("voluntary_ctxt_switches")))
+
+        time.sleep(0.5)
+        before = switches()
+        time.sleep(1.0)
+        print(switches() - before)
+    """)
+    assert int(out) < 15
