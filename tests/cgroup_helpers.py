@@ -121,7 +121,8 @@ class Tree:
 
     def spawn(self, cgroup: str, code: str, *, env: Optional[dict[str, str]] = None,
               stdout: Optional[int] = subprocess.PIPE,
-              stdin: Optional[int] = None) -> subprocess.Popen[str]:
+              stdin: Optional[int] = None,
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[str]:
         """Start `python -c code` already inside `cgroup` (it moves itself in before running
         anything else, so every page it touches is charged there)."""
         self.allow_processes(cgroup)
@@ -130,7 +131,8 @@ class Tree:
             f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
         ) + textwrap.dedent(code)
         proc = subprocess.Popen([sys.executable, "-c", boot], stdout=stdout, stdin=stdin,
-                                stderr=subprocess.PIPE, text=True, env=env)
+                                stderr=subprocess.PIPE, text=True, env=env,
+                                pass_fds=pass_fds)
         self.procs.append(proc)
         return proc
 
