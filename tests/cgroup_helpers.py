@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pytest
 
 from cgwatch import discovery, tree
+from tests.kernel_files import read
 
 MiB = 1 << 20
 
@@ -82,11 +83,6 @@ def write(path: str, value: str) -> None:
         os.write(fd, value.encode())
     finally:
         os.close(fd)
-
-
-def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
 
 
 class Tree:
@@ -235,16 +231,6 @@ def oom_kills(directory: str, version: int) -> int:
     name = "memory.events" if version == 2 else "memory.oom_control"
     counters = dict(line.split() for line in read(os.path.join(directory, name)).splitlines())
     return int(counters["oom_kill"])
-
-
-def measured_headroom(directory: str, version: int) -> int:
-    """limit - (usage - inactive_file) read straight from the files (independent of cgwatch)."""
-    names = ("memory.max", "memory.current", "inactive_file") if version == 2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-    limit = int(read(os.path.join(directory, names[0])))
-    usage = int(read(os.path.join(directory, names[1])))
-    stat = dict(line.split() for line in read(os.path.join(directory, "memory.stat")).splitlines())
-    return limit - max(0, usage - int(stat[names[2]]))
 
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_child.py")

@@ -30,14 +30,19 @@ from tests.cgroup_helpers import (
     MiB,
     Tree,
     cgroup_tree,
-    measured_headroom,
     oom_kills,
     oom_victim_cgroup,
     own_memory_cgroup,
     real_kernel_marks,
 )
+from tests.kernel_files import measured_headroom
 
 pytestmark = real_kernel_marks()
+
+# How soon an event must be seen: 1 s here; in the VM tier, whose emulated CPU runs guest code
+# 25-35x slower (and the host may be loaded), 30 s. Every wait returns as soon as the line
+# is there; the bound only decides when a missing one fails.
+WITHIN = 30.0 if os.environ.get("CGWATCH_IN_VM") else 1.0
 
 # Allocates (and touches: bytearray zero-fills) up to 256 MiB, 1 MiB at a time.
 ALLOC = "b = []\nfor _ in range(256):\n    b.append(bytearray(1 << 20))\n"
@@ -90,6 +95,19 @@ class Lines:
         if got is None:
             err = self.proc.stderr.read() if self.proc.stderr else ""
             raise AssertionError(f"watcher exited: {err}")
+        return got
+
+    def until_seen(self, count: int, type_or_counter: str,
+                   deadline: float) -> list[tuple[float, Any]]:
+        """Every line until `count` lines of that type (or counter) arrived, or `deadline`:
+        returns as soon as they are there, so the deadline is only a bound."""
+        got: list[tuple[float, Any]] = []
+        while sum(type_or_counter in (rec.get("type"), rec.get("counter")) for _, rec in got) \
+                < count:
+            item = self.next(deadline - time.monotonic())
+            if item is None:
+                break
+            got.append(item)
         return got
 
     def until(self, deadline: float) -> list[tuple[float, Any]]:
@@ -147,7 +165,7 @@ def test_oom_kill_seen_once_within_1s_at_the_limited_parent(tree: Tree) -> None:
     assert start["least_headroom"] == cgroup_path(limited)
 
     died = kill_one(tree, limited)
-    got = lines.until(died + 1.0)
+    got = lines.until_seen(1, "oom_kill", died + WITHIN)
     kills = oom_kill_lines(got)
     assert len(kills) == 1, got
     arrived, kill = kills[0]
@@ -156,7 +174,7 @@ def test_oom_kill_seen_once_within_1s_at_the_limited_parent(tree: Tree) -> None:
     assert (kill["old"], kill["new"]) == (0, 1)
     assert kill["level"] == 1  # the watcher's parent
     assert kill["limit"] == 64 * MiB and kill["usage"] is not None
-    assert kill["time"] <= died + 1.0 and arrived <= died + 1.0
+    assert kill["time"] <= died + WITHIN and arrived <= died + WITHIN
     print(f"oom_kill event seen {1000 * (kill['time'] - died):+.1f} ms after the test saw "
           f"the victim die; line arrived {1000 * (arrived - died):+.1f} ms")
     assert oom_kill_lines(lines.until(time.monotonic() + 0.5)) == []  # exactly once
@@ -171,7 +189,8 @@ def test_counter_already_nonzero_is_not_reported_later_rise_is(tree: Tree) -> No
     assert oom_kill_lines(lines.until(time.monotonic() + 0.5)) == []
 
     died = kill_one(tree, limited)
-    kills = oom_kill_lines(lines.until(died + 1.0))
+    kills = oom_kill_lines(lines.until_seen(1, "oom_kill", died + WITHIN))
+    kills += oom_kill_lines(lines.until(time.monotonic() + 0.5))  # and no second one
     assert [(k["directory"], k["old"], k["new"]) for _, k in kills] == [(limited, 1, 2)]
 
 
@@ -197,7 +216,9 @@ def test_headroom_threshold_fires_past_it_not_before(tree: Tree) -> None:
     fill_to(200)
     crossed = time.monotonic()
     assert measured_headroom(limited, tree.version) < 96 * MiB
-    alerts = [(t, rec) for t, rec in lines.until(crossed + 1.5) if rec["type"] == "headroom"]
+    got = lines.until_seen(1, "headroom", crossed + 1.5 * WITHIN)
+    got += lines.until(time.monotonic() + 0.5)  # and no second one
+    alerts = [(t, rec) for t, rec in got if rec["type"] == "headroom"]
     assert len(alerts) == 1, alerts
     arrived, alert = alerts[0]
     assert alert["state"] == "below" and alert["threshold"] == 96 * MiB
@@ -215,7 +236,7 @@ def test_raising_callback_does_not_stop_later_events(tree: Tree) -> None:
     kills = []
     for _ in range(2):
         died = kill_one(tree, limited)
-        kills += oom_kill_lines(lines.until(died + 1.0))
+        kills += oom_kill_lines(lines.until_seen(1, "oom_kill", died + WITHIN))
     assert [(k["old"], k["new"]) for _, k in kills] == [(0, 1), (1, 2)]
     assert proc.stdin is not None
     proc.stdin.close()

@@ -90,6 +90,7 @@ def test_sdist_ships_its_tests_and_they_collect(built: tuple[Path, Path, str],
     for wanted in ("LICENSE", "README.md", "pyproject.toml", "MANIFEST.in", "tests/conftest.py",
                    "tests/fake_tree.py", "tests/cgroup_helpers.py", "tests/probe_child.py",
                    "tests/v2/run", "tests/vm/run", "tests/integration/setup", "scripts/test",
+                   "tests/debcache", "tests/tools",
                    "docs/integrations.md"):
         assert wanted in names, wanted
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
