@@ -240,7 +240,9 @@ def test_raising_callback_does_not_stop_later_events(tree: Tree) -> None:
     for _ in range(2):
         died = kill_one(tree, limited)
         kills += oom_kill_lines(lines.until_seen(1, "oom_kill", died + WITHIN))
-    assert [(k["old"], k["new"]) for _, k in kills] == [(0, 1), (1, 2)]
+    # (the whole records on a failure: once, in the VM tier on a loaded machine, the second
+    # kill read (0, 1) again; which level and file said so is what tells why)
+    assert [(k["old"], k["new"]) for _, k in kills] == [(0, 1), (1, 2)], kills
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=10)
