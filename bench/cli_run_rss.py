@@ -21,14 +21,21 @@ import time
 
 from tests.cgroup_helpers import MiB, cgroup_tree, read
 
+# READY_FD (optional): a pipe the driver writes "ready" to once `cgwatch run` has made its
+# Events, i.e. after its imports and start-up: a test samples RSS from there, not after a
+# fixed sleep that a loaded, emulated machine can outlast.
 DRIVER = """
-import sys
+import os, sys
 sys.path.insert(0, {tree!r})
 import cgwatch.events as events
 original = events.Events.__init__
 def forced(self, *args, **kw):
     kw["poll_interval"] = {poll!r}
     original(self, *args, **kw)
+    ready = os.environ.pop("READY_FD", None)
+    if ready:
+        os.write(int(ready), b"ready\\n")
+        os.close(int(ready))
 events.Events.__init__ = forced
 from cgwatch.cli import main
 sys.exit(main(["run", "--", "timeout", "{seconds}", "sh", "-c",

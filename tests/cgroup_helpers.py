@@ -22,6 +22,7 @@ from typing import Any, Optional
 import pytest
 
 from cgwatch import discovery, tree
+from tests.kernel_files import read
 
 MiB = 1 << 20
 
@@ -84,11 +85,6 @@ def write(path: str, value: str) -> None:
         os.close(fd)
 
 
-def read(path: str) -> str:
-    with open(path) as f:
-        return f.read()
-
-
 class Tree:
     """Cgroups made below a base directory; `remove_all()` kills their processes and rmdirs."""
 
@@ -121,7 +117,8 @@ class Tree:
 
     def spawn(self, cgroup: str, code: str, *, env: Optional[dict[str, str]] = None,
               stdout: Optional[int] = subprocess.PIPE,
-              stdin: Optional[int] = None) -> subprocess.Popen[str]:
+              stdin: Optional[int] = None,
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[str]:
         """Start `python -c code` already inside `cgroup` (it moves itself in before running
         anything else, so every page it touches is charged there)."""
         self.allow_processes(cgroup)
@@ -130,7 +127,8 @@ class Tree:
             f"open({os.path.join(cgroup, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))\n"
         ) + textwrap.dedent(code)
         proc = subprocess.Popen([sys.executable, "-c", boot], stdout=stdout, stdin=stdin,
-                                stderr=subprocess.PIPE, text=True, env=env)
+                                stderr=subprocess.PIPE, text=True, env=env,
+                                pass_fds=pass_fds)
         self.procs.append(proc)
         return proc
 
@@ -249,16 +247,6 @@ def oom_kills(directory: str, version: int) -> int:
     name = "memory.events" if version == 2 else "memory.oom_control"
     counters = dict(line.split() for line in read(os.path.join(directory, name)).splitlines())
     return int(counters["oom_kill"])
-
-
-def measured_headroom(directory: str, version: int) -> int:
-    """limit - (usage - inactive_file) read straight from the files (independent of cgwatch)."""
-    names = ("memory.max", "memory.current", "inactive_file") if version == 2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-    limit = int(read(os.path.join(directory, names[0])))
-    usage = int(read(os.path.join(directory, names[1])))
-    stat = dict(line.split() for line in read(os.path.join(directory, "memory.stat")).splitlines())
-    return limit - max(0, usage - int(stat[names[2]]))
 
 
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe_child.py")

@@ -2,6 +2,8 @@
 
 One JSON request per line, one JSON reply per line. Requests:
   {"op": "query"}                         -> total, available, status, levels
+  {"op": "total"}                         -> total alone (a query loop's cheap form: under the
+                                             VM tier's emulation the full reply costs ~0.5 s)
   {"op": "wait_total", "value": N, "timeout": s}
       spin on total_memory() (an attribute read: it triggers nothing) until it equals N;
       reply with the CLOCK_MONOTONIC time it was first seen, comparable across processes
@@ -20,7 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cgwatch import Monitor  # noqa: E402
-from tests.cgroup_helpers import measured_headroom  # noqa: E402
+from tests.kernel_files import measured_headroom  # noqa: E402  (no pytest: see there)
 
 
 def main() -> None:
@@ -38,6 +40,8 @@ def main() -> None:
                 "status": monitor.status.__dict__,
                 "levels": [lvl.as_dict() for lvl in monitor.levels()],
             }
+        elif op == "total":
+            reply = {"total": monitor.total_memory()}
         elif op == "wait_total":
             deadline = time.monotonic() + req["timeout"]
             seen_at = None

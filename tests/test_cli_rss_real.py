@@ -7,6 +7,7 @@ The figures over a long run: bench/cli_run_rss.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +16,6 @@ from collections.abc import Iterator
 import pytest
 
 from bench.cli_run_rss import DRIVER, rss_kib
-from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     PROJECT,
     MiB,
@@ -30,6 +30,18 @@ pytestmark = real_kernel_marks()
 # The watcher polls its counters every millisecond (the bench's driver), so 16 s stand for a
 # long run.
 POLL = 0.001
+JOB_SECONDS = 600
+
+
+def end_job(job: str) -> None:
+    """SIGALRM to the job's `timeout`: coreutils takes it as its own timer expiring."""
+    for pid in read(os.path.join(job, "cgroup.procs")).split():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "timeout":
+                    os.kill(int(pid), signal.SIGALRM)
+        except (FileNotFoundError, ProcessLookupError):
+            pass  # a dd that just finished
 
 
 def limit_hits(job: str, version: int) -> int:
@@ -50,13 +62,21 @@ def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> Non
     base = os.environ.get("VM_SCRATCH") or "/var/tmp"
     scratch = os.path.join(base, f"cgwatch-rss-{os.getpid()}")
     job = tree.make("job", limit=48 * MiB)  # the driver's job rewrites a 128 MiB file
-    # Past start-up (imports, the baseline) before the first sample: the VM tier emulates the
-    # CPU (~30x slower), and 3 s there is still start-up.
-    warm = 10 if switch_on("CGWATCH_IN_VM", os.environ) else 3
-    proc = tree.spawn(job, DRIVER.format(tree=PROJECT, poll=POLL, seconds=warm + 19,
-                                         scratch=scratch), stdout=subprocess.DEVNULL)
+    # Past start-up (imports, the baseline) before the first sample: the driver says when
+    # `cgwatch run` has made its Events (a fixed sleep was outlasted under the VM tier's
+    # emulation on a loaded machine), then one more second for its first scans. The job runs
+    # until the test has its samples (JOB_SECONDS is only a bound), then its `timeout` gets
+    # SIGALRM, which it takes as its time being up: it ends the job and exits 124.
+    ready_r, ready_w = os.pipe()
+    env = dict(os.environ, READY_FD=str(ready_w))
+    proc = tree.spawn(job, DRIVER.format(tree=PROJECT, poll=POLL, seconds=JOB_SECONDS,
+                                         scratch=scratch), stdout=subprocess.DEVNULL,
+                      env=env, pass_fds=(ready_w,))
+    os.close(ready_w)
     try:
-        time.sleep(warm)
+        with os.fdopen(ready_r, "rb") as ready:
+            assert ready.readline() == b"ready\n", proc.communicate(timeout=60)[1][-3000:]
+        time.sleep(1)
         # RssAnon, not VmRSS: the job keeps the cgroup at its limit, so reclaim takes the
         # watcher's mapped file pages (libraries, bytecode) and faults bring them back; a kept
         # event is anonymous memory.
@@ -66,6 +86,7 @@ def test_cgwatch_run_rss_stays_flat_around_a_job_at_its_limit(tree: Tree) -> Non
             time.sleep(1)
             samples.append(rss_kib(proc.pid, "RssAnon"))
         hits_after = limit_hits(job, tree.version)
+        end_job(job)
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:

@@ -26,18 +26,27 @@ from typing import Any, Optional
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     MiB,
     Tree,
     cgroup_tree,
-    measured_headroom,
     oom_kills,
     oom_victim_cgroup,
     own_memory_cgroup,
     real_kernel_marks,
 )
+from tests.kernel_files import measured_headroom
 
 pytestmark = real_kernel_marks()
+
+# How soon an event must be seen: 1 s here; in the VM tier, whose emulated CPU runs guest code
+# 25-35x slower (and the host may be loaded), 30 s. Every wait returns as soon as the line
+# is there; the bound only decides when a missing one fails.
+WITHIN = 30.0 if switch_on("CGWATCH_IN_VM", os.environ) else 1.0
+# How long a child may take to start (imports, first scan) before its first line: a bound.
+# 20 s was outlasted in the VM tier on a loaded machine (1 of 3 runs).
+STARTUP = 180.0
 
 # Allocates (and touches: bytearray zero-fills) up to 256 MiB, 1 MiB at a time.
 ALLOC = "b = []\nfor _ in range(256):\n    b.append(bytearray(1 << 20))\n"
@@ -92,6 +101,19 @@ class Lines:
             raise AssertionError(f"watcher exited: {err}")
         return got
 
+    def until_seen(self, count: int, type_or_counter: str,
+                   deadline: float) -> list[tuple[float, Any]]:
+        """Every line until `count` lines of that type (or counter) arrived, or `deadline`:
+        returns as soon as they are there, so the deadline is only a bound."""
+        got: list[tuple[float, Any]] = []
+        while sum(type_or_counter in (rec.get("type"), rec.get("counter")) for _, rec in got) \
+                < count:
+            item = self.next(deadline - time.monotonic())
+            if item is None:
+                break
+            got.append(item)
+        return got
+
     def until(self, deadline: float) -> list[tuple[float, Any]]:
         """Every line that arrives before `deadline` (monotonic)."""
         got: list[tuple[float, Any]] = []
@@ -120,7 +142,7 @@ def start_watch(tree: Tree, cgroup: str, *args: str) -> tuple[Lines, dict[str, A
     proc = tree.spawn(cgroup, f"import sys\nfrom cgwatch.cli import main\n"
                               f"sys.exit(main({argv!r}))\n")
     lines = Lines(proc)
-    first = lines.next(20)
+    first = lines.next(STARTUP)
     assert first is not None and first[1]["type"] == "start", first
     return lines, first[1]
 
@@ -147,7 +169,7 @@ def test_oom_kill_seen_once_within_1s_at_the_limited_parent(tree: Tree) -> None:
     assert start["least_headroom"] == cgroup_path(limited)
 
     died = kill_one(tree, limited)
-    got = lines.until(died + 1.0)
+    got = lines.until_seen(1, "oom_kill", died + WITHIN)
     kills = oom_kill_lines(got)
     assert len(kills) == 1, got
     arrived, kill = kills[0]
@@ -156,7 +178,7 @@ def test_oom_kill_seen_once_within_1s_at_the_limited_parent(tree: Tree) -> None:
     assert (kill["old"], kill["new"]) == (0, 1)
     assert kill["level"] == 1  # the watcher's parent
     assert kill["limit"] == 64 * MiB and kill["usage"] is not None
-    assert kill["time"] <= died + 1.0 and arrived <= died + 1.0
+    assert kill["time"] <= died + WITHIN and arrived <= died + WITHIN
     print(f"oom_kill event seen {1000 * (kill['time'] - died):+.1f} ms after the test saw "
           f"the victim die; line arrived {1000 * (arrived - died):+.1f} ms")
     assert oom_kill_lines(lines.until(time.monotonic() + 0.5)) == []  # exactly once
@@ -171,7 +193,8 @@ def test_counter_already_nonzero_is_not_reported_later_rise_is(tree: Tree) -> No
     assert oom_kill_lines(lines.until(time.monotonic() + 0.5)) == []
 
     died = kill_one(tree, limited)
-    kills = oom_kill_lines(lines.until(died + 1.0))
+    kills = oom_kill_lines(lines.until_seen(1, "oom_kill", died + WITHIN))
+    kills += oom_kill_lines(lines.until(time.monotonic() + 0.5))  # and no second one
     assert [(k["directory"], k["old"], k["new"]) for _, k in kills] == [(limited, 1, 2)]
 
 
@@ -197,7 +220,9 @@ def test_headroom_threshold_fires_past_it_not_before(tree: Tree) -> None:
     fill_to(200)
     crossed = time.monotonic()
     assert measured_headroom(limited, tree.version) < 96 * MiB
-    alerts = [(t, rec) for t, rec in lines.until(crossed + 1.5) if rec["type"] == "headroom"]
+    got = lines.until_seen(1, "headroom", crossed + 1.5 * WITHIN)
+    got += lines.until(time.monotonic() + 0.5)  # and no second one
+    alerts = [(t, rec) for t, rec in got if rec["type"] == "headroom"]
     assert len(alerts) == 1, alerts
     arrived, alert = alerts[0]
     assert alert["state"] == "below" and alert["threshold"] == 96 * MiB
@@ -211,12 +236,14 @@ def test_raising_callback_does_not_stop_later_events(tree: Tree) -> None:
     limited = tree.make("job", limit=64 * MiB)
     proc = tree.spawn(tree.make("job/watch"), CALLBACKS, stdin=subprocess.PIPE)
     lines = Lines(proc)
-    assert lines.next(20) is not None
+    assert lines.next(STARTUP) is not None
     kills = []
     for _ in range(2):
         died = kill_one(tree, limited)
-        kills += oom_kill_lines(lines.until(died + 1.0))
-    assert [(k["old"], k["new"]) for _, k in kills] == [(0, 1), (1, 2)]
+        kills += oom_kill_lines(lines.until_seen(1, "oom_kill", died + WITHIN))
+    # (the whole records on a failure: once, in the VM tier on a loaded machine, the second
+    # kill read (0, 1) again; which level and file said so is what tells why)
+    assert [(k["old"], k["new"]) for _, k in kills] == [(0, 1), (1, 2)], kills
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=10)

@@ -41,7 +41,7 @@ def test_another_process_writes_a_limit_and_the_next_query_sees_it(tree: Tree,
     for i in range(60):
         limit = (300 + i) * MiB
         tree.set_limit(ours, limit)  # returns after the kernel took it
-        seen.append(probe.ask(op="query")["total"] == limit)  # the probe's first call after
+        seen.append(probe.ask(op="total")["total"] == limit)  # the probe's first call after
     assert sum(seen) == 60, seen
     status = probe.ask(op="query")["status"]
     assert status["mode"] == "watching"

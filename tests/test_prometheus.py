@@ -17,7 +17,9 @@ from typing import Any, Optional
 
 import pytest
 
-pytest.importorskip("prometheus_client")  # the dev extra has it; a bare install may not
+from tests.extras import need
+
+need("prometheus-client", extra="prometheus")  # the dev extra has it; the test extra not
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -38,8 +38,10 @@ from tests.cgroup_helpers import (
     own_memory_cgroup,
     real_kernel_marks,
 )
+from tests.extras import need
 from tests.prometheus.loopback import ensure_up_in_vm
 
+need("prometheus-client", extra="prometheus")  # `cgwatch serve` exports with it
 pytestmark = real_kernel_marks()
 
 RULES = os.path.join(PROJECT, "deploy", "prometheus", "cgwatch-rules.yml")
@@ -74,9 +76,9 @@ def prometheus_binary() -> str:
     if found:
         return found
     if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-        pytest.fail("prometheus missing but CGWATCH_REQUIRE_REAL=1 (scripts/test installs "
-                    "Debian's prometheus package)")
-    pytest.skip("prometheus not installed (Debian: apt-get install prometheus)")
+        pytest.fail("prometheus missing but CGWATCH_REQUIRE_REAL=1 (scripts/test unpacks "
+                    "Debian's prometheus package: tests/tools)")
+    pytest.skip("no prometheus on PATH (PATH=$(tests/tools):$PATH, or Debian's package)")
 
 
 def free_port() -> int:

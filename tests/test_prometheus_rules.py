@@ -1,7 +1,7 @@
 """The shipped alert rules (deploy/prometheus/cgwatch-rules.yml): valid, and their unit tests
 (cgwatch-rules.test.yml) pass under `promtool test rules`. promtool comes with Debian's
-`prometheus` package, which scripts/test installs; only a machine without it and without
-CGWATCH_REQUIRE_REAL=1 (a developer's laptop) skips."""
+`prometheus` package, which scripts/test unpacks into a cache (tests/tools); only a machine
+without it and without CGWATCH_REQUIRE_REAL=1 (a developer's laptop) skips."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ def promtool() -> str:
     if found:
         return found
     if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-        pytest.fail("promtool missing but CGWATCH_REQUIRE_REAL=1 (scripts/test installs "
-                    "Debian's prometheus package)")
-    pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
+        pytest.fail("promtool missing but CGWATCH_REQUIRE_REAL=1 (scripts/test unpacks "
+                    "Debian's prometheus package: tests/tools)")
+    pytest.skip("no promtool on PATH (PATH=$(tests/tools):$PATH, or Debian's prometheus)")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

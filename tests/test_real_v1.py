@@ -71,23 +71,30 @@ def test_sibling_usage_shrinks_our_headroom(tree: Tree) -> None:
     assert level(probe.ask(op="query"), parent)["binds_available"]
 
 
-def test_limit_written_from_outside_is_seen_within_100ms(tree: Tree) -> None:
+def test_limit_written_from_outside_is_seen_by_a_spinning_reader_and_the_next_query(
+        tree: Tree) -> None:
+    """A limit written from outside: a reader spinning on total_memory() sees it, and a query
+    that starts after the write returned answers it at once (the write queued its inotify
+    event before returning; the query's poll(0) finds it: tracker.py). The spin's delay is
+    the scheduler's, not cgwatch's: it once asserted < 100 ms, which a loaded 2-core machine
+    does not promise; the query after the write is the exact form of the same claim."""
     ours = tree.make("ours", limit=400 * MiB)
     probe = Probe(tree, ours)
     assert probe.ask(op="query")["total"] == 400 * MiB
-    latencies = []
-    for i, limit in enumerate((300 * MiB, 350 * MiB, 250 * MiB)):
+    for limit in (300 * MiB, 350 * MiB, 250 * MiB):
         assert probe.proc.stdin is not None
-        probe.proc.stdin.write(json.dumps({"op": "wait_total", "value": limit, "timeout": 2})
+        probe.proc.stdin.write(json.dumps({"op": "wait_total", "value": limit, "timeout": 60})
                                + "\n")
         probe.proc.stdin.flush()
-        time.sleep(0.1 if i == 0 else 0.02)  # let the probe start spinning
+        time.sleep(0.02)  # most often the probe is spinning by now; if not, it finds it at once
         written_at = time.monotonic()
         tree.set_limit(ours, limit)
         reply = probe.read()
         assert reply["seen_at"] is not None, f"never saw {limit}: still {reply['total']}"
-        latencies.append(reply["seen_at"] - written_at)
-    assert max(latencies) < 0.1, latencies
+        assert reply["seen_at"] >= written_at  # CLOCK_MONOTONIC: one clock for both processes
+    for limit in (200 * MiB, 380 * MiB):  # no spin in between: the very next query
+        tree.set_limit(ours, limit)
+        assert probe.ask(op="query")["total"] == limit
 
 
 def test_removed_and_recreated_cgroups_do_not_break_it(tree: Tree) -> None:

@@ -71,7 +71,8 @@ def missing_reason(runtime: str) -> str:
     needed = [runtime, "unshare", "mount"]
     missing = [tool for tool in needed if shutil.which(tool) is None]
     if missing:
-        return f"not installed: {' '.join(missing)} (scripts/test installs runc crun lxcfs)"
+        return (f"not on PATH: {' '.join(missing)} (PATH=$(tests/tools):$PATH unpacks runc, "
+                "crun and lxcfs; scripts/test and tests/runtime/run do)")
     return ""
 
 

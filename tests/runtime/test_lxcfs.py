@@ -40,7 +40,7 @@ def mounted(path: str) -> bool:
 def lxcfs() -> Iterator[str]:
     """A running lxcfs; yields its mount point."""
     for reason in (writable_reason(), missing_reason("crun"),
-                   "" if shutil.which("lxcfs") else "lxcfs not installed (scripts/test does)",
+                   "" if shutil.which("lxcfs") else "lxcfs not on PATH (tests/tools unpacks it)",
                    "" if os.path.exists("/dev/fuse") else "no /dev/fuse"):
         if reason:
             pytest.skip(reason)
