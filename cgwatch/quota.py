@@ -8,7 +8,7 @@ so cgwatch imported by every Python process of a node (8 ranks x a fork pool of 
 128, and `tail -F`, an editor, the kubelet or the container runtime of that uid got EMFILE.
 
 The rule (docs/design.md, "Sharing the uid's inotify quota"): a process holds at most one
-instance, shared by all its monitors (watching.py), and takes it only when, with it taken,
+instance, shared by all its monitors (watchhub.py), and takes it only when, with it taken,
 at least `reserve(limit)` more could still be made by the uid: min(32, max(4, limit // 8)),
 16 of the default 128. Whether that many are left is probed: creating reserve + 1 instances
 and closing all but ours costs ~2 us each here (6.18), once per process and per retry; the

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from cgwatch import watcher
+from cgwatch import inotify
 from cgwatch.integrations import _autoload
 
 if TYPE_CHECKING:
@@ -75,15 +75,15 @@ def reset_psutil_view(original: Callable[[], Any]) -> None:
     new_psutil_fast_path()
 
 
-# --- watcher: the ctypes binding ------------------------------------------------------------
+# --- inotify: the ctypes binding ------------------------------------------------------------
 
 
 @contextmanager
-def bound_libc(libc: Optional[watcher.Libc]) -> Iterator[None]:
+def bound_libc(libc: Optional[inotify.Libc]) -> Iterator[None]:
     """Inside the block, watchers use `libc` (None: bind again at the next use)."""
-    saved = watcher._libc
-    watcher._libc = libc
+    saved = inotify._libc
+    inotify._libc = libc
     try:
         yield
     finally:
-        watcher._libc = saved
+        inotify._libc = saved

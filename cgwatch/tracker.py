@@ -3,7 +3,7 @@ the levels with inotify, applies changes, re-checks /proc/self/cgroup, and tells
 
 Who runs it:
 - the process-wide loop thread (loop.py), which wakes on the process's inotify descriptor
-  (watching.py: one instance for every monitor) and on the one slow timer of the process
+  (watchhub.py: one instance for every monitor) and on the one slow timer of the process
   (ticker.py, every `migration_interval`): its only wake-ups while idle;
 - the queries themselves (`refresh`), whenever the hot path's cheap checks say so: a poll(0)
   of the inotify descriptor found changes queued (a limit write queues its event before the
@@ -23,16 +23,16 @@ import time
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
 from .hostmem import HostMemory
-from .inotify_use import InotifyUse
+from .inotify import Change as WatchChange
+from .inotify import Target, TargetGone
 from .logs import Reporter, log
 from .loop import LOOP, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
 from .snapshot import HOST, POLLING, WATCHING, Snapshot
 from .ticker import TICKER, Reads
 from .tree import Level, ProcCgroup
-from .watcher import Change as WatchChange
-from .watcher import Target, TargetGone
-from .watching import at_exit, watch_targets
+from .watchhub import at_exit, watch_targets
+from .watchlease import WatchLease
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class Tracker:
         self._forked = False  # set in a fork child until its first query re-arms
         self._reporter = Reporter()
         self._proc = ProcCgroup(root, pid)
-        self._use = InotifyUse(use_inotify, self._poke, self._on_changes)
+        self._use = WatchLease(use_inotify, self._poke, self._on_changes)
         self._watch = self._use.watch
         self._loop_problem = ""
         self._resolve_failed = False
@@ -95,7 +95,7 @@ class Tracker:
                 if self._use.used(now):
                     self._retry_at = 0.0  # idle until now: watch again
                 # Always (~1 us): the loop thread may have read our event and not yet queued
-                # it; the hub's lock makes this wait for that (watching.py).
+                # it; the hub's lock makes this wait for that (watchhub.py).
                 self._drain()
                 if now >= self._next_confirm:
                     self._confirm(now)
@@ -472,7 +472,7 @@ class Tracker:
         self._loop_problem = problem
 
     def _poke(self) -> None:
-        self.due = 0.0  # another monitor read our changes (watching.Hub): next query applies
+        self.due = 0.0  # another monitor read our changes (watchhub.Hub): next query applies
 
     def _on_changes(self) -> None:
         with self.lock:

@@ -1,4 +1,4 @@
-"""cgwatch's own inotify binding (watcher.py): the event parser on the kernel's byte layout,
+"""cgwatch's own inotify binding (inotify.py): the event parser on the kernel's byte layout,
 the system calls on the real kernel, and the errors the monitor turns into polling."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Callable
 
 import pytest
 
-from cgwatch import testdoor, watcher
-from cgwatch.watcher import (
+from cgwatch import inotify, testdoor
+from cgwatch.inotify import (
     IN_ATTRIB,
     IN_CREATE,
     IN_DELETE,
@@ -48,7 +48,7 @@ def event(wd: int, mask: int, cookie: int = 0, name: bytes = b"", size: int = -1
 
 def test_the_kernels_header_is_16_bytes() -> None:
     # int wd; uint32_t mask, cookie, len: no padding on any architecture Linux has.
-    assert watcher.EVENT_HEAD_SIZE == 16
+    assert inotify.EVENT_HEAD_SIZE == 16
     assert ctypes.sizeof(ctypes.c_int) + 3 * ctypes.sizeof(ctypes.c_uint32) == 16
 
 
@@ -90,7 +90,7 @@ def test_parse_events_round_trips_every_name_length() -> None:
 
 @pytest.fixture()
 def ifd() -> Iterator[int]:
-    fd = watcher.inotify_init()
+    fd = inotify.inotify_init()
     yield fd
     os.close(fd)
 
@@ -113,7 +113,7 @@ def test_a_write_raises_modify_and_rm_raises_delete_self_then_ignored(ifd: int,
                                                                       tmp_path: Path) -> None:
     path = tmp_path / "memory.max"
     path.write_text("max\n")
-    wd = watcher.add_watch(ifd, str(path), IN_MODIFY | IN_DELETE_SELF)
+    wd = inotify.add_watch(ifd, str(path), IN_MODIFY | IN_DELETE_SELF)
     assert wd >= 1
     with open(path, "w") as f:
         f.write("1073741824\n")
@@ -123,12 +123,12 @@ def test_a_write_raises_modify_and_rm_raises_delete_self_then_ignored(ifd: int,
     assert IN_DELETE_SELF in masks
     assert masks[-1] == IN_IGNORED  # the kernel dropped the watch: it is the last event
     with pytest.raises(OSError) as info:
-        watcher.rm_watch(ifd, wd)
+        inotify.rm_watch(ifd, wd)
     assert info.value.errno == errno.EINVAL
 
 
 def test_a_directory_watch_names_the_child(ifd: int, tmp_path: Path) -> None:
-    wd = watcher.add_watch(ifd, str(tmp_path), IN_CREATE | IN_DELETE | IN_ONLYDIR)
+    wd = inotify.add_watch(ifd, str(tmp_path), IN_CREATE | IN_DELETE | IN_ONLYDIR)
     for name in ("c", "a name with spaces", "x" * 16, "caf\udce9"):
         (tmp_path / name).mkdir()
         (tmp_path / name).rmdir()
@@ -141,9 +141,9 @@ def test_a_directory_watch_names_the_child(ifd: int, tmp_path: Path) -> None:
 def test_the_same_inode_gets_the_same_watch(ifd: int, tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.touch()
-    first = watcher.add_watch(ifd, str(path), IN_MODIFY)
-    assert watcher.add_watch(ifd, str(path), IN_MODIFY | IN_ATTRIB) == first
-    watcher.rm_watch(ifd, first)
+    first = inotify.add_watch(ifd, str(path), IN_MODIFY)
+    assert inotify.add_watch(ifd, str(path), IN_MODIFY | IN_ATTRIB) == first
+    inotify.rm_watch(ifd, first)
 
 
 @pytest.mark.parametrize(("make", "mask", "code"), [
@@ -154,7 +154,7 @@ def test_add_watch_errors(ifd: int, tmp_path: Path, make: Callable[[Path], Path]
                           code: int) -> None:
     (tmp_path / "file").touch()
     with pytest.raises(OSError) as info:
-        watcher.add_watch(ifd, str(make(tmp_path)), mask)
+        inotify.add_watch(ifd, str(make(tmp_path)), mask)
     assert info.value.errno == code
 
 
@@ -189,7 +189,7 @@ def test_watcher_reports_changes_by_target(tmp_path: Path) -> None:
 def test_watcher_replace_says_which_path_vanished(tmp_path: Path) -> None:
     w = Watcher()
     try:
-        with pytest.raises(watcher.TargetGone, match="missing"):
+        with pytest.raises(inotify.TargetGone, match="missing"):
             w.replace([Target(str(tmp_path / "missing"), "limit", 0)])
     finally:
         w.close()
@@ -216,8 +216,8 @@ class FakeFunction:
 
 
 @pytest.fixture()
-def libc() -> Iterator[watcher.Libc]:
-    bound = watcher.Libc()
+def libc() -> Iterator[inotify.Libc]:
+    bound = inotify.Libc()
     with testdoor.bound_libc(bound):
         yield bound
 
@@ -226,7 +226,7 @@ def libc() -> Iterator[watcher.Libc]:
     (errno.ENOSPC, "inotify watch limit reached (watching "),
     (errno.ENOMEM, "inotify failed (watching "),
 ])
-def test_add_watch_errno_becomes_the_reason(libc: watcher.Libc, tmp_path: Path, code: int,
+def test_add_watch_errno_becomes_the_reason(libc: inotify.Libc, tmp_path: Path, code: int,
                                             reason: str) -> None:
     libc.add_watch = FakeFunction(libc.add_watch, [code])
     w = Watcher()
@@ -247,14 +247,14 @@ def test_add_watch_errno_becomes_the_reason(libc: watcher.Libc, tmp_path: Path, 
                    "fs.inotify.max_user_instances)"),
     (errno.ENFILE, "inotify failed (creating an instance): "),
 ])
-def test_init_errno_becomes_the_reason(libc: watcher.Libc, code: int, reason: str) -> None:
+def test_init_errno_becomes_the_reason(libc: inotify.Libc, code: int, reason: str) -> None:
     libc.init1 = FakeFunction(libc.init1, [code])
     with pytest.raises(WatchUnavailable) as info:
         Watcher()
     assert str(info.value).startswith(reason)
 
 
-def test_eintr_is_retried(libc: watcher.Libc, tmp_path: Path) -> None:
+def test_eintr_is_retried(libc: inotify.Libc, tmp_path: Path) -> None:
     libc.init1 = init1 = FakeFunction(libc.init1, [errno.EINTR, errno.EINTR])
     libc.add_watch = add = FakeFunction(libc.add_watch, [errno.EINTR])
     w = Watcher()
@@ -266,10 +266,10 @@ def test_eintr_is_retried(libc: watcher.Libc, tmp_path: Path) -> None:
 
 
 def test_no_inotify_in_the_c_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_symbol() -> watcher.Libc:
+    def no_symbol() -> inotify.Libc:
         raise AttributeError("undefined symbol: inotify_init1")
 
-    monkeypatch.setattr(watcher, "Libc", no_symbol)
+    monkeypatch.setattr(inotify, "Libc", no_symbol)
     with testdoor.bound_libc(None), \
             pytest.raises(WatchUnavailable, match="not available on this platform"):
         Watcher()
@@ -284,9 +284,9 @@ def test_real_emfile_from_an_fd_starved_process(bound_first: bool, reason: str) 
     (inotify_init1 fails) or not yet (importing ctypes fails: it opens files)."""
     code = textwrap.dedent(f"""
         import os, resource
-        from cgwatch import watcher
+        from cgwatch import inotify
         if {bound_first}:
-            watcher.libc()
+            inotify.libc()
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         held = []
         try:
@@ -295,8 +295,8 @@ def test_real_emfile_from_an_fd_starved_process(bound_first: bool, reason: str) 
         except OSError:
             pass
         try:
-            watcher.Watcher()
-        except watcher.WatchUnavailable as e:
+            inotify.Watcher()
+        except inotify.WatchUnavailable as e:
             print(e)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -57,15 +57,15 @@ LAYER = {
     "cgwatch.kept": "I/O edges",
     "cgwatch.tree": "I/O edges",
     "cgwatch.hostmem": "I/O edges",
-    "cgwatch.watcher": "I/O edges",
+    "cgwatch.inotify": "I/O edges",
     "cgwatch.notify": "I/O edges",
     "cgwatch.quota": "I/O edges",
     "cgwatch.shm": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
-    "cgwatch.watching": "machinery",
-    "cgwatch.inotify_use": "machinery",
+    "cgwatch.watchhub": "machinery",
+    "cgwatch.watchlease": "machinery",
     "cgwatch.ticker": "machinery",
     "cgwatch.snapshot": "machinery",
     # Keep one monitor's snapshot true; count and log one layout's events.

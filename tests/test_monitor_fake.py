@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 import cgwatch
-from cgwatch import HOST, POLLING, WATCHING, Monitor, watcher
+from cgwatch import HOST, POLLING, WATCHING, Monitor, inotify
 from tests.cgroup_helpers import wait_for
 from tests.fake_tree import FakeHost, GiB, MiB
 
@@ -188,14 +188,14 @@ def test_polling_when_watches_run_out(host: FakeHost, opened: list[Monitor],
                                       monkeypatch: pytest.MonkeyPatch, err: int,
                                       caplog: pytest.LogCaptureFixture) -> None:
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
-    real_add = watcher.add_watch
+    real_add = inotify.add_watch
 
     def add_watch(fd: int, path: str, mask: int) -> int:
         if "/a/b" in path:  # the first few watches succeed, then the limit is reached
             raise OSError(err, os.strerror(err))
         return real_add(fd, path, mask)
 
-    monkeypatch.setattr(watcher, "add_watch", add_watch)
+    monkeypatch.setattr(inotify, "add_watch", add_watch)
     with caplog.at_level(logging.WARNING, logger="cgwatch"):
         m = start(opened, host, poll_interval=0.05)
     assert m.status.mode == POLLING
@@ -212,7 +212,7 @@ def test_polling_when_inotify_cannot_start(host: FakeHost, opened: list[Monitor]
     def refuse(*_: object) -> int:
         raise OSError(errno.EMFILE, "Too many open files")
 
-    monkeypatch.setattr(watcher, "inotify_init", refuse)
+    monkeypatch.setattr(inotify, "inotify_init", refuse)
     m = start(opened, host)
     assert m.status.mode == POLLING
     assert m.total_memory() == 4 * GiB

@@ -122,7 +122,7 @@ def test_closed_monitor_follows_a_move(tree: Tree) -> None:
 def test_a_siblings_removal_wakes_no_watcher(tree: Tree) -> None:
     """Job and pod cgroups come and go under shared parents. Removing a sibling raises
     IN_DELETE in the parent (6.18 v1), and parents were watched for it, so each removal woke
-    every watching process of the node. Now no directory is watched (watching.watch_targets
+    every watching process of the node. Now no directory is watched (watchhub.watch_targets
     says why): 50 siblings made and removed beside ours wake the monitor's thread (its
     kernel count of voluntary context switches) no more than its timer does, while a limit
     write still reaches it."""

@@ -260,8 +260,8 @@ def test_an_idle_monitor_gives_the_instance_back_and_watches_again_when_asked() 
     answers right and watches again. (IDLE_RELEASE shortened; the real one is 60 s.)"""
     out = run_child("""
         import os, time
-        from cgwatch import inotify_use
-        inotify_use.IDLE_RELEASE = 0.3
+        from cgwatch import watchlease
+        watchlease.IDLE_RELEASE = 0.3
 
         def instances():
             return sum(1 for name in os.listdir("/proc/self/fd")

@@ -1,4 +1,4 @@
-"""Internal. One monitor's use of the process's inotify instance (watching.py): whether it
+"""Internal. One monitor's use of the process's inotify instance (watchhub.py): whether it
 watches, why not (`problem`, shown in status.reason), when it tries again, and when it gives
 its watches back for want of use. The tracker decides what to watch and what a change means;
 this decides whether to hold watches at all (docs/design.md, "Sharing the uid's inotify
@@ -10,8 +10,8 @@ import os
 import time
 
 from . import quota
-from .watcher import Change, Target, WatchUnavailable
-from .watching import HUB, LevelWatch
+from .inotify import Change, Target, WatchUnavailable
+from .watchhub import HUB, LevelWatch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 IDLE_RELEASE = 60.0
 
 
-class InotifyUse:
-    """`poke` and `deliver` are the monitor's (watching.LevelWatch says when they run)."""
+class WatchLease:
+    """`poke` and `deliver` are the monitor's (watchhub.LevelWatch says when they run)."""
 
     def __init__(self, wanted: bool, poke: Callable[[], None],
                  deliver: Callable[[], None]) -> None:
@@ -43,7 +43,7 @@ class InotifyUse:
     def watch_now(self, targets: Callable[[], list[Target]]) -> Optional[tuple[str, bool]]:
         """Watch `targets()` if this monitor may: None when it watches (or is not meant to),
         else (why not, whether that is a choice rather than a problem); the caller falls back
-        to polling. Raises watcher.TargetGone (a path vanished: resolve again)."""
+        to polling. Raises inotify.TargetGone (a path vanished: resolve again)."""
         if not self.enabled:
             self.problem = self.problem or "inotify disabled by the caller"
             return None

@@ -2,7 +2,7 @@
 that watches it.
 
 Every monitor of the process puts its targets (its levels' limit files, the files its
-subscribers asked for) on one shared Watcher (watcher.py) through its own `LevelWatch`, and
+subscribers asked for) on one shared Watcher (inotify.py) through its own `LevelWatch`, and
 queries poll(0) one epoll over it. One instance per process, not per monitor: the kernel
 counts instances per uid (quota.py), and 128 monitors in one process took 128 of them. The
 instance is made on the first watch (only if quota.py allows it) and closed when no monitor
@@ -25,10 +25,10 @@ import time
 import weakref
 
 from . import quota
+from .inotify import Change, Target, Watcher, WatchUnavailable
 from .loop import LOOP, at_fork_in_child
 from .names import FileNames
 from .seam import Layout, Subscription
-from .watcher import Change, Target, Watcher, WatchUnavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
