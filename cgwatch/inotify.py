@@ -67,7 +67,7 @@ class Target(Frozen):
         setter(self, "level_index", level_index)
 
 
-class Change(Frozen):
+class WatchEvent(Frozen):
     """An event on a target: its inotify mask, and the name of the child it concerns ("" for
     the target itself)."""
 
@@ -277,10 +277,10 @@ class Watcher:
         for wd in self._owned.pop(owner, {}):
             self._let_go(owner, wd)
 
-    def read_all(self) -> dict[int, tuple[list[Change], bool]]:
+    def read_all(self) -> dict[int, tuple[list[WatchEvent], bool]]:
         """Pending changes of each owner that has some, and whether its watch set must be
         rebuilt (a watch vanished or the event queue overflowed: something may be missed)."""
-        found: dict[int, tuple[list[Change], bool]] = {}
+        found: dict[int, tuple[list[WatchEvent], bool]] = {}
         # One read(2), no ioctl(FIONREAD) first: every syscall on the monitor thread lets the
         # GIL go, and a busy Python thread may keep it for a whole switch interval (5 ms)
         # before the monitor gets it back. What does not fit in the buffer stays queued and
@@ -297,7 +297,7 @@ class Watcher:
             for owner in list(self._owners.get(wd, ())):
                 targets = self._owned.get(owner, {}).get(wd, [])
                 changes, rebuild = found.get(owner, ([], False))
-                changes.extend(Change(target, mask, name) for target in targets)
+                changes.extend(WatchEvent(target, mask, name) for target in targets)
                 found[owner] = (changes, rebuild or bool(mask & (IN_IGNORED | IN_DELETE_SELF)))
             if mask & IN_IGNORED:
                 # The kernel dropped the watch; its number may be handed out again.
@@ -305,7 +305,7 @@ class Watcher:
                     self._owned.get(owner, {}).pop(wd, None)
         return found
 
-    def read(self, owner: int = 0) -> tuple[list[Change], bool]:
+    def read(self, owner: int = 0) -> tuple[list[WatchEvent], bool]:
         """Pending changes of `owner` (those of other owners are read and dropped: for a
         watcher with one owner)."""
         return self.read_all().get(owner, ([], False))

@@ -23,8 +23,7 @@ import time
 from . import discovery, hostmem, snapshot, tree
 from .frozen import replace
 from .hostmem import HostMemory
-from .inotify import Change as WatchChange
-from .inotify import Target, TargetGone
+from .inotify import Target, TargetGone, WatchEvent
 from .logs import Reporter, log
 from .loop import LOOP, at_fork_in_child
 from .seam import Change, Layout, Subscribers, Subscription
@@ -442,7 +441,7 @@ class Tracker:
         finally:
             self.applying = False
 
-    def _apply(self, changes: list[WatchChange], rebuild: bool) -> None:
+    def _apply(self, changes: list[WatchEvent], rebuild: bool) -> None:
         limits = [c.target for c in changes if c.target.kind == "limit"]
         if rebuild:
             self.resolve_again("a watched file was removed or the event queue overflowed")

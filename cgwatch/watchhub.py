@@ -25,7 +25,7 @@ import time
 import weakref
 
 from . import quota
-from .inotify import Change, Target, Watcher, WatchUnavailable
+from .inotify import Target, Watcher, WatchEvent, WatchUnavailable
 from .loop import LOOP, at_fork_in_child
 from .names import FileNames
 from .seam import Layout, Subscription
@@ -219,14 +219,14 @@ class Hub:
             LOOP.register(fd, select.POLLIN, reader.on_readable)
             self._registered = fd
 
-    def collect(self, member: LevelWatch) -> tuple[list[Change], bool]:
+    def collect(self, member: LevelWatch) -> tuple[list[WatchEvent], bool]:
         """What is queued for `member`, after reading the instance if it has events."""
         with self.lock:
             epoll = self._epoll
             if epoll is not None and epoll.poll(0):
                 self._read()
             inbox, member.inbox = member.inbox, []
-        changes: list[Change] = []
+        changes: list[WatchEvent] = []
         rebuild = False
         for found, again in inbox:
             changes.extend(found)
@@ -304,7 +304,7 @@ class LevelWatch:
         # Weak: the monitor holds its LevelWatch, and the hub holds it weakly too.
         self._poke: weakref.WeakMethod[Callable[[], None]] = weakref.WeakMethod(poke)
         self._deliver: weakref.WeakMethod[Callable[[], None]] = weakref.WeakMethod(deliver)
-        self.inbox: list[tuple[list[Change], bool]] = []
+        self.inbox: list[tuple[list[WatchEvent], bool]] = []
         self.active = False  # holds watches on the hub's instance
         self.reader: Optional[_Reader] = None  # held while this member wants the loop
         self.token = HUB.join(self)
@@ -345,7 +345,7 @@ class LevelWatch:
         HUB.replace(self.token, targets)
         self.active = True
 
-    def read(self) -> tuple[list[Change], bool]:
+    def read(self) -> tuple[list[WatchEvent], bool]:
         if not self.active:
             self.inbox = []
             return [], False

@@ -10,7 +10,7 @@ import os
 import time
 
 from . import quota
-from .inotify import Change, Target, WatchUnavailable
+from .inotify import Target, WatchEvent, WatchUnavailable
 from .watchhub import HUB, LevelWatch
 
 TYPE_CHECKING = False
@@ -97,7 +97,7 @@ class WatchLease:
         self.watch.stop()
         return True
 
-    def read(self) -> tuple[list[Change], bool]:
+    def read(self) -> tuple[list[WatchEvent], bool]:
         return self.watch.read()
 
     def release_at_exit(self) -> None:
