@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Callable, Optional
 
-    from .snapshot import LimitedLevel
+    from .snapshot import HeadroomSource
 
 __all__ = ["HOST", "POLLING", "WATCHING", "Change", "Layout", "LevelInfo", "Monitor",
            "Status", "Subscription", "headroom"]
@@ -136,7 +136,7 @@ class Monitor:
                 snap = tracker.snap  # again after the checks, as in total_memory()
         try:
             best = -1
-            order: Sequence[LimitedLevel] = snap.limited
+            order: Sequence[HeadroomSource] = snap.limited
             if len(order) > 1:
                 # limit - usage is a lower bound on a level's headroom (inactive_file >= 0), and
                 # costs one small read instead of memory.stat. Visit levels from the lowest

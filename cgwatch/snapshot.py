@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from typing import Callable, Optional
 
     # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
-    LimitedLevel = tuple[Optional[int], int, int, int, bytes]
+    HeadroomSource = tuple[Optional[int], int, int, int, bytes]
 
 WATCHING = "watching"  # inotify keeps the cache exact; queries read it as is
 POLLING = "polling"  # no inotify: each query preads the limit files (tree.limit_check)
@@ -118,7 +118,7 @@ class Snapshot(Frozen):
     total: int
     # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
     # hot path needs (None: "usage not read yet", see Monitor.available_memory)
-    limited: tuple[LimitedLevel, ...]
+    limited: tuple[HeadroomSource, ...]
     levels: tuple[Level, ...]  # leaf first; a v1 hidden ancestor last (Level.hidden)
     host: HostMemory
     status: Status
@@ -134,7 +134,7 @@ class Snapshot(Frozen):
     # whose usage files could not be opened: it must not drop out of the minimum)
     uncached: bool
 
-    def __init__(self, total: int, limited: tuple[LimitedLevel, ...], levels: tuple[Level, ...],
+    def __init__(self, total: int, limited: tuple[HeadroomSource, ...], levels: tuple[Level, ...],
                  host: HostMemory, status: Status, resolution: discovery.Resolution,
                  expires: Optional[float],
                  pending: Optional[Callable[[float], list[tuple[int, int]]]] = None,

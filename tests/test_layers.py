@@ -262,7 +262,7 @@ def test_the_walk_sees_every_kind_of_import() -> None:
     assert ("cgwatch.psutil_view", "cgwatch", True) in got
     assert ("cgwatch.cli.show", "cgwatch.monitor", False) in got
     assert ("cgwatch", "cgwatch.events", True) in got
-    # ... and skips type-only imports (monitor.py takes LimitedLevel under TYPE_CHECKING
+    # ... and skips type-only imports (monitor.py takes HeadroomSource under TYPE_CHECKING
     # only; prometheus.py takes tree.Level that way).
     assert ("cgwatch.prometheus", "cgwatch.tree") not in {(e.source, e.target) for e in EDGES}
 
