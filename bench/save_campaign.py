@@ -8,9 +8,10 @@
    and, told to stop, "saves" (a file written, fsynced, renamed; `--save-seconds` in all).
    `--margin`: the guard's (lead = save time x margin; 1.5, the Guard's default). Saved =
    exit 75 with the checkpoint in place and no `oom_kill` counted. A save was *possible in
-   time* when the leak needed at least FIRST_SIGHT + the save's time to fill the limit from
-   the job's start: the forecast needs 4 closed 1 s buckets to see any growth (forecast.py),
-   so a faster leak can only be caught by the reserve. Goal: >= 95% saved
+   time* when the leak needed at least FIRST_SIGHT + the save's time to fill what the job
+   had left once started (its `available_memory()` before the leak): the forecast needs 4
+   closed 1 s buckets to see any growth (forecast.py), so a faster leak can only be caught
+   by the reserve. Goal: >= 95% saved
    among those.
 2. **Sawtooth**: one job with a flat base and allocate/free cycles (`sawtooth`) in a 256 MiB
    cgroup, for 600 s (`--long`), 30 s (`--quick`) or 120 s; goal 0 stops.
@@ -45,8 +46,12 @@ def _child(tree: cgroup_helpers.Tree, cgroup: str, *args: str, timeout: float,
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     tree.procs.append(proc)  # killed by remove_all if we stop early
     out, err = proc.communicate(timeout=timeout)
-    line = out.strip().splitlines()[-1] if out.strip() else ""
-    return proc.returncode, (json.loads(line) if line else {"stderr": err[-500:]})
+    data: dict[str, Any] = {}
+    for line in out.strip().splitlines():
+        data.update(json.loads(line))
+    if err:
+        data["stderr"] = err[-500:]
+    return proc.returncode, data
 
 
 def leak_run(rate: float, save_seconds: float, margin: float, workdir: str,
@@ -61,7 +66,9 @@ def leak_run(rate: float, save_seconds: float, margin: float, workdir: str,
         ran = time.monotonic() - began
         kills = cgroup_helpers.oom_kills(job, tree.version)
     saved = status == 75 and os.path.exists(checkpoint) and kills == 0
-    fill = LIMIT / (rate * MiB)
+    # From what the job had left once started (the interpreter and cgwatch are charged there
+    # too): the time the leak needs to fill it.
+    fill = data.get("room_at_start", LIMIT) / (rate * MiB)
     return {"rate_mib_s": round(rate, 2), "fill_seconds": round(fill, 2),
             "possible": fill >= FIRST_SIGHT + save_seconds, "status": status,
             "oom_kills": kills, "saved": saved, "ran_seconds": round(ran, 2), **data}

@@ -48,6 +48,7 @@ def leak(args: argparse.Namespace) -> int:
 
     guard = cgwatch.Guard(reserve="5%", checkpoint_seconds=args.save_seconds,
                           margin=args.margin, events=False)
+    room = cgwatch.available_memory()  # before the leak: what it has to fill
     start = time.monotonic()
     threading.Thread(target=grow, daemon=True).start()
     step = 0
@@ -67,8 +68,12 @@ def leak(args: argparse.Namespace) -> int:
             print(json.dumps({"saved": True, "fired_at": fired, "step": step,
                               "trigger": verdict.trigger, "seconds_left": verdict.seconds_left,
                               "growth": verdict.growth, "headroom": verdict.headroom,
+                              "room_at_start": room,
                               "save_took": time.monotonic() - begin}), flush=True)
             return cgwatch.GUARD_EXIT_STATUS
+        if step == 1:
+            # Said at once too: a run the kernel kills prints nothing at the end.
+            print(json.dumps({"room_at_start": room}), flush=True)
 
 
 def sawtooth(args: argparse.Namespace) -> int:
