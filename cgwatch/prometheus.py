@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
@@ -33,10 +34,12 @@ from prometheus_client.registry import Collector
 from . import counters, names, values
 from .monitor import HOST
 from .names import FileNames
+from .trends import LevelTrends
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from .forecast import Trend
     from .monitor import LevelInfo, Monitor, Status
     from .tree import Level
 
@@ -68,6 +71,8 @@ EVENTS_METRIC = "cgwatch_memory_events"  # exposed with _total
 PRESSURE_METRIC = "cgwatch_memory_pressure_seconds"  # exposed with _total
 UNDER_OOM_METRIC = "cgwatch_cgroup_under_oom"
 INFO_METRIC = "cgwatch_monitor"  # exposed with _info
+GROWTH_METRIC = "cgwatch_cgroup_working_set_growth_bytes_per_second"
+SECONDS_TO_LIMIT_METRIC = "cgwatch_cgroup_seconds_to_limit"
 
 
 def parse_pressure_totals(text: values.Text) -> dict[str, float]:
@@ -106,6 +111,9 @@ class Reading:
     status: Status
     levels: Sequence[LevelInfo]
     counters: dict[str, LevelCounters]  # by cgroup path
+    # The forecast of each limited level whose trend rests on enough scrapes (trends.py),
+    # by cgroup path; empty before that.
+    trends: dict[str, Trend] = field(default_factory=dict)
 
 
 def families(reading: Reading) -> list[Metric]:
@@ -158,8 +166,29 @@ def families(reading: Reading) -> list[Metric]:
             under_oom.add_metric([level.cgroup_path], found.under_oom)
         for kind, seconds in found.pressure.items():
             pressure.add_metric([level.cgroup_path, kind], seconds)
-    result += [events, under_oom, pressure]
+    result += [events, under_oom, pressure, *forecast_families(reading)]
     return [f for f in result if f.samples]
+
+
+def forecast_families(reading: Reading) -> list[Metric]:
+    """The forecast gauges (pure): growth for every level with a trend, seconds to its limit
+    only while it grows toward one (absent, not +Inf, otherwise: `< 300` alerts either way)."""
+    growth = GaugeMetricFamily(GROWTH_METRIC,
+                               "Lasting growth of the cgroup's working set (usage - "
+                               "inactive_file), from the peaks of the samples scrapes took; 0 "
+                               "when none persists.", labels=["cgroup"])
+    left = GaugeMetricFamily(SECONDS_TO_LIMIT_METRIC,
+                             "Seconds until the working set reaches the cgroup's limit at its "
+                             "growth; absent while it does not grow.", labels=["cgroup"])
+    for level in reading.levels:
+        trend = reading.trends.get(level.cgroup_path)
+        if trend is None:
+            continue
+        growth.add_metric([level.cgroup_path], trend.growth)
+        seconds = trend.seconds_left(level.limit)
+        if seconds is not None:
+            left.add_metric([level.cgroup_path], seconds)
+    return [growth, left]
 
 
 class MonitorCollector(Collector):
@@ -177,6 +206,11 @@ class MonitorCollector(Collector):
         self.monitor = monitor
         self._logged: set[tuple[str, str, str]] = set()
         self._logged_lock = threading.Lock()  # scrapes may run in several server threads
+        # The forecast's history is the scrapes' own samples: a collector has no thread. With
+        # 1 s buckets and scrapes every 15 s, each scrape closes a bucket: growth shows from
+        # the 5th scrape and rests on the last 12 (3 min); memory: 17 numbers per level.
+        self._trends = LevelTrends()
+        self._trends_lock = threading.Lock()
 
     def describe(self) -> Iterable[Metric]:
         """The family names, without reading anything (a registry asks at register())."""
@@ -186,7 +220,9 @@ class MonitorCollector(Collector):
                 *(GaugeMetricFamily(name, "") for _, name, _ in LEVEL_GAUGES),
                 CounterMetricFamily(EVENTS_METRIC, ""),
                 GaugeMetricFamily(UNDER_OOM_METRIC, ""),
-                CounterMetricFamily(PRESSURE_METRIC, "")]
+                CounterMetricFamily(PRESSURE_METRIC, ""),
+                GaugeMetricFamily(GROWTH_METRIC, ""),
+                GaugeMetricFamily(SECONDS_TO_LIMIT_METRIC, "")]
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -222,7 +258,10 @@ class MonitorCollector(Collector):
                 # its counters would repeat the top's.
                 if not getattr(level, "hidden", False):
                     found[level.cgroup_path] = self._read_counters(level, layout.version)
-        return Reading(total, available, status, levels, found)
+        with self._trends_lock:
+            latest = self._trends.add(time.monotonic(), levels)
+            ready = {path: t for path, t in latest.items() if self._trends.ready(t)}
+        return Reading(total, available, status, levels, found, ready)
 
     def _read_counters(self, level: Level, version: int) -> LevelCounters:
         result = LevelCounters()

@@ -52,6 +52,8 @@ LAYER = {
     "cgwatch.envswitch": "pure rules",
     "cgwatch.forecast": "pure rules",
     "cgwatch.policy": "pure rules",
+    "cgwatch.trends": "pure rules",
+    "cgwatch.timeline": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -92,6 +94,7 @@ LAYER = {
     "cgwatch.cli.coalesce": "commands",
     "cgwatch.cli.explain": "commands",
     "cgwatch.cli.format": "commands",
+    "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.serve": "commands",

@@ -332,3 +332,40 @@ def test_serve_refuses_a_missing_pid() -> None:
                           timeout=30)
     assert done.returncode == 2
     assert "no process 999999999" in done.stderr
+
+
+def test_forecast_gauges_from_a_reading() -> None:
+    """The forecast families (pure): growth for each level with a trend, seconds to the limit
+    only while it grows toward one; a level without a trend (not enough scrapes yet) has
+    neither."""
+    from cgwatch.forecast import Trend
+    from cgwatch.snapshot import LevelInfo
+
+    def level(path: str, limit: Optional[int]) -> LevelInfo:
+        return LevelInfo(path, "/d" + path, limit, 600 * MiB, 0, None if limit is None
+                         else limit - 600 * MiB, False, False, None)
+
+    levels = [level("/job", GiB), level("/team", 4 * GiB), level("/new", GiB)]
+    reading = exporter.Reading(GiB, 424 * MiB, None, levels, {},  # type: ignore[arg-type]
+                               {"/job": Trend(4.0 * MiB, 600 * MiB, 12),
+                                "/team": Trend(0.0, 600 * MiB, 12)})
+    got = {(s.name, s.labels["cgroup"]): s.value
+           for f in exporter.forecast_families(reading) for s in f.samples}
+    assert got == {(exporter.GROWTH_METRIC, "/job"): 4.0 * MiB,
+                   (exporter.SECONDS_TO_LIMIT_METRIC, "/job"): 106.0,
+                   (exporter.GROWTH_METRIC, "/team"): 0.0}
+
+
+def test_forecast_gauges_appear_after_enough_scrapes(job: FakeHost, opened: list[Any]) -> None:
+    """The collector's own history: none before 4 closed 1 s buckets, then growth for each
+    limited level (0 here: the fake tree's usage does not move), never seconds to a limit."""
+    collector = exporter.MonitorCollector(monitor_of(job, opened))
+    samples, _ = scrape(collector)
+    assert exporter.GROWTH_METRIC not in names_of(samples)
+    for _ in range(6):
+        time.sleep(1.05)
+        samples, _ = scrape(collector)
+    assert value(samples, exporter.GROWTH_METRIC, cgroup="/a/b/c") == 0.0
+    assert value(samples, exporter.GROWTH_METRIC, cgroup="/a") == 0.0
+    assert value(samples, exporter.GROWTH_METRIC, cgroup="/a/b") is None  # no limit
+    assert exporter.SECONDS_TO_LIMIT_METRIC not in names_of(samples)

@@ -134,6 +134,10 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     # one's value; main rejects this one before a subcommand's name.
     top.add_argument("--json", action="store_true", dest="table_json",
                      help="print JSON (sizes in bytes)")
+    top.add_argument("--sample", type=_seconds, default=None, metavar="SECONDS",
+                     help="first sample the levels for SECONDS (10 is a good start) and show "
+                          "each limited level's working-set growth and the time until its "
+                          "limit at that rate (without it: no history, no forecast)")
     # Not "command": that is run's CMD.
     # No metavar: argparse lists every registered subcommand in the usage line and --help.
     subcommands = top.add_subparsers(dest="subcommand", title="commands")
@@ -159,6 +163,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     watch.add_argument("--shm-above", type=_percent, default=90.0, metavar="PCT",
                        help="warn when /dev/shm is fuller than PCT (default 90); a full "
                             "/dev/shm kills with SIGBUS")
+    watch.add_argument("--plot", metavar="FILE",
+                       help="at the end, draw memory over time to FILE (.png, .svg or .pdf), "
+                            "sampled every --interval; needs cgwatch[plot] (matplotlib)")
 
     run = subcommands.add_parser(
         "run", parents=[common], prog="cgwatch run",
@@ -180,6 +187,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                           "(also when nothing happened)")
     run.add_argument("--report", metavar="FILE",
                      help="also write the report as JSON to FILE, always")
+    run.add_argument("--plot", metavar="FILE",
+                     help="draw CMD's memory over time to FILE (.png, .svg or .pdf): usage, "
+                          "working set, limits and memory.high per limited level, events, "
+                          "the guard's signal, the end; needs cgwatch[plot] (matplotlib). "
+                          "--json and --report get the same series as `timeline`")
     run.add_argument("--guard", action="store_true",
                      help="signal CMD to save and stop before the OOM killer strikes (below)")
     run.add_argument("--signal", type=_signal, default=None, metavar="SIGNAL",
@@ -248,4 +260,6 @@ def _dispatch(argv: Optional[list[str]]) -> int:
         from . import serve
 
         return serve.run_serve(args)
-    return show.run_show(args.root, args.table_json)
+    if name and args.sample:
+        parsers[""].error(f"--sample before {name!r}: it is an option of the table only")
+    return show.run_show(args.root, args.table_json, args.sample)

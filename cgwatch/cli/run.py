@@ -36,6 +36,7 @@ events, exit with CMD's status, and say why when the OOM killer struck.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import names, values
 from ..event import Event
@@ -58,6 +59,9 @@ from .coalesce import Coalescer, rises_suffix
 from .explain import KILL_COUNTERS, Above, Report, explain, explain_shm, find_culprit, signal_name
 from .format import format_item
 from .runlog import RunLog
+
+if TYPE_CHECKING:
+    from .plot import Recorder
 
 _FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _LEFT_TO_CHILD = (signal.SIGINT, signal.SIGQUIT)
@@ -160,9 +164,16 @@ def run_command(args: argparse.Namespace) -> int:
                 printer.offer(item)
 
         events.subscribe(collect)
+        recorder = None
+        if args.plot or args.json or args.report:
+            from .plot import Recorder
+
+            recorder = Recorder(monitor)
+            events.subscribe(recorder.event)
         host_kills_before = _vmstat_oom_kills(args.root)
-        guarding = _Guarding(monitor, events, args) if args.guard else None
-        with _Relay() as relay, _ShmSampler(args.root) as shm, _guarded(guarding):
+        guarding = _Guarding(monitor, events, args, recorder) if args.guard else None
+        with _Relay() as relay, _ShmSampler(args.root) as shm, _guarded(guarding), \
+                (recorder if recorder is not None else contextlib.nullcontext()):
             try:
                 proc = subprocess.Popen(command)
             except FileNotFoundError:
@@ -178,6 +189,9 @@ def run_command(args: argparse.Namespace) -> int:
             prefer_not_to_be_killed(args.root)
             returncode = proc.wait()
         events.scan_now()  # rises that landed after the last notification was read
+        if recorder is not None:
+            recorder.mark("exit", _end_label(returncode), final=True,
+                          exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
         report = build_report(name, returncode, list(runlog.events()), monitor)
@@ -201,8 +215,12 @@ def run_command(args: argparse.Namespace) -> int:
             data["exit_status"] = status
             data["guard"] = None if fired is None else {
                 **fired.as_dict(), "signal": signal_name(guarding.signum)}
+        if recorder is not None:
+            data["timeline"] = recorder.as_dict()
         if args.report:
             _write_report(args.report, data)
+    if args.plot and recorder is not None:
+        _plot(args.plot, recorder, " ".join(command))
     if args.json:
         print(json.dumps(data), file=sys.stderr, flush=True)
         return status
@@ -211,6 +229,20 @@ def run_command(args: argparse.Namespace) -> int:
         if text:
             print(text, file=sys.stderr, flush=True)
     return status
+
+
+def _end_label(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by {signal_name(-returncode)}"
+    return f"exit {returncode}"
+
+
+def _plot(path: str, recorder: Recorder, title: str) -> None:
+    from .plot import write_plot
+
+    why = write_plot(path, recorder.as_dict(), f"cgwatch run -- {title}")
+    if why is not None:
+        print(f"cgwatch run: --plot: {why}", file=sys.stderr, flush=True)
 
 
 def guarded_status(returncode: int, fired: Optional[Verdict], signum: Optional[int]) -> int:
@@ -313,7 +345,8 @@ class _Guarding:
 
     INTERVAL = 0.1
 
-    def __init__(self, monitor: Monitor, events: Events, args: argparse.Namespace) -> None:
+    def __init__(self, monitor: Monitor, events: Events, args: argparse.Namespace,
+                 recorder: Optional[Recorder] = None) -> None:
         kwargs: dict[str, Any] = {}
         if args.reserve is not None:
             kwargs["reserve"] = args.reserve
@@ -322,6 +355,7 @@ class _Guarding:
         self.guard = Guard(monitor, events=events, **kwargs)
         self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)
         self.fired: Optional[Verdict] = None
+        self.recorder = recorder
         self.proc: Optional[subprocess.Popen[Any]] = None
         self.name = ""
         self._stop = threading.Event()
@@ -352,6 +386,9 @@ class _Guarding:
         assert proc is not None
         print(f"{verdict.message()}; sending {signal_name(self.signum)} to {self.name} "
               f"(pid {proc.pid})", file=sys.stderr, flush=True)
+        if self.recorder is not None:
+            self.recorder.mark("guard", f"guard: {verdict.trigger}, {signal_name(self.signum)}",
+                               final=True, cgroup_path=verdict.level)
         try:
             proc.send_signal(self.signum)
         except OSError:

@@ -1,23 +1,55 @@
-"""Internal. The `cgwatch` command itself: the levels from this process's cgroup to the top, and the
-totals, as a table or JSON; and /dev/shm when it is smaller than the available memory (JSON:
-always, with `limits` saying whether it is)."""
+"""Internal. The `cgwatch` command itself: the levels from this process's cgroup to the top,
+and the totals, as a table or JSON (with `--sample SECONDS`, each limited level's growth and
+time to its limit, from samples over that time); and /dev/shm when it is smaller than the
+available memory (JSON: always, with `limits` saying whether it is)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+import time
+from typing import Any, Optional
 
+from .. import trends
+from ..forecast import Trend
 from ..headroom import throttle_headroom
 from ..monitor import Monitor
 from ..shm import shm_limits, shm_usage
 from ..units import human_bytes
 
+SAMPLES_PER_BUCKET = 4  # --sample reads the levels 4 times a bucket: the peak is each bucket's
+
 LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least headroom"}
 
 
-def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
-    """Everything the command shows, as plain data (bytes)."""
+def sample_forecast(monitor: Monitor, seconds: float) -> dict[str, Any]:
+    """`--sample SECONDS`: read the levels every SAMPLES_PER_BUCKET-th of a bucket for
+    `seconds` and forecast each limited level (trends.py). One shot has no history, so the
+    forecast needs this wait; forecast.py's model with `seconds / 12` buckets (at least 4
+    closed ones before any growth counts), so a sawtooth slower than 5 buckets is not
+    smoothed away: say so with the answer (`bucket`)."""
+    bucket = seconds / 12
+    found = trends.LevelTrends(bucket=bucket)
+    start = time.monotonic()
+    latest: dict[str, Trend] = {}
+    levels = []
+    while True:
+        now = time.monotonic()
+        levels = monitor.levels()
+        latest = found.add(now, levels)
+        if now - start >= seconds:
+            break
+        time.sleep(min(bucket / SAMPLES_PER_BUCKET, max(0.0, start + seconds - now)))
+    return {"sampled_seconds": time.monotonic() - start, "bucket": bucket,
+            "levels": {lvl.cgroup_path: trends.fields(latest[lvl.cgroup_path], lvl.limit,
+                                                      lvl.high)
+                       for lvl in levels if lvl.cgroup_path in latest}}
+
+
+def report(monitor: Monitor, root: str = "/",
+           forecast: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Everything the command shows, as plain data (bytes). `forecast`: sample_forecast()'s,
+    or None (no --sample: a one-shot command has no history to forecast from)."""
     status = monitor.status
     host_total, host_available = monitor.host_memory()
     available = monitor.available_memory()
@@ -37,6 +69,7 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
                    "cgroup_path": status.cgroup_path, "directory": status.directory,
                    "above": status.above},
         "levels": [lvl.as_dict() for lvl in levels],
+        "forecast": forecast,
     }
 
 
@@ -57,6 +90,11 @@ def format_table(data: dict[str, Any]) -> str:
     extra = [(key, title) for key, title in (("high", "high"), ("swap_limit", "swap limit"),
                                              ("swap_usage", "swap used"))
              if any(lvl.get(key) is not None for lvl in levels)]
+    forecast = (data.get("forecast") or {}).get("levels")
+    if forecast is not None:
+        extra.append(("growth", "growth/s"))
+        extra.append(("seconds_to_limit", "limit in"))
+        levels = [{**lvl, **forecast.get(lvl["cgroup_path"], {})} for lvl in levels]
     header = ("", "cgroup", "limit", "usage", "inactive_file", "headroom",
               *(title for _, title in extra))
     rows = [header]
@@ -65,7 +103,7 @@ def format_table(data: dict[str, Any]) -> str:
         rows.append((mark, lvl["cgroup_path"], human_bytes(lvl["limit"]),
                      human_bytes(lvl["usage"]), human_bytes(lvl["inactive_file"]),
                      human_bytes(lvl["headroom"]),
-                     *(human_bytes(lvl.get(key)) for key, _ in extra)))
+                     *(_cell(key, lvl.get(key)) for key, _ in extra)))
     host = data["host"]
     # The marks follow the answers: the host row when the host's figure is the answer and no
     # level was marked (MemAvailable is read again for the table: within 1% is the same).
@@ -92,6 +130,11 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append(f"before throttling: {human_bytes(data['throttle_headroom'])} "
                      f"({data['throttle_headroom']} bytes; above memory.high the job is slowed, "
                      "not killed)")
+    if forecast is not None:
+        lines.append(f"growth/s, limit in: the working set's growth over "
+                     f"{data['forecast']['sampled_seconds']:.0f} s of samples and when the "
+                     f"limit is reached at that rate (empty: no lasting growth seen; cycles "
+                     f"shorter than {5 * data['forecast']['bucket']:.1f} s are smoothed away)")
     shm = data.get("dev_shm")
     if shm and shm["limits"]:
         lines.append(f"/dev/shm:         {human_bytes(shm['size'])} ({shm['size']} bytes), "
@@ -100,10 +143,20 @@ def format_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_show(root: str, as_json: bool) -> int:
-    """Print the table (or JSON) for the tree at `root`; the exit status."""
+def _cell(key: str, value: Any) -> str:
+    if key == "growth":
+        return "" if value is None else f"{human_bytes(int(value))}"
+    if key == "seconds_to_limit":
+        return "" if value is None else f"~{value:.0f} s"
+    return human_bytes(value)
+
+
+def run_show(root: str, as_json: bool, sample: Optional[float] = None) -> int:
+    """Print the table (or JSON) for the tree at `root`; the exit status. `sample`: seconds
+    to sample the levels for a forecast first."""
     with Monitor(root) as monitor:
-        data = report(monitor, root)
+        forecast = sample_forecast(monitor, sample) if sample else None
+        data = report(monitor, root, forecast)
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
