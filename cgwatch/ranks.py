@@ -64,17 +64,17 @@ class TorchRanks:
         import torch
 
         self._dist = dist
-        self._torch = torch
         self.rank: int = dist.get_rank()
         # NCCL reduces only CUDA tensors; gloo (and a "cpu:gloo,cuda:nccl" group) CPU ones.
-        self._device = torch.device("cpu")
+        device = torch.device("cpu")
         if dist.get_backend() == "nccl":
-            self._device = torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._tensor = torch.zeros(1, dtype=torch.int64, device=device)  # reused every time
 
     def max(self, value: int) -> int:
-        tensor = self._torch.tensor([value], dtype=self._torch.int64, device=self._device)
-        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX)
-        return int(tensor.item())
+        self._tensor.fill_(value)
+        self._dist.all_reduce(self._tensor, op=self._dist.ReduceOp.MAX)
+        return int(self._tensor.item())
 
 
 def torch_ranks() -> Optional[TorchRanks]:
