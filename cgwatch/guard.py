@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 from . import policy, ranks
 from .alerts import Threshold
 from .forecast import Forecaster
+from .frozen import replace
 from .policy import EXIT_STATUS, Reading, Throttling, Verdict
 
 if TYPE_CHECKING:
@@ -179,11 +180,12 @@ class Guard:
         if agreed is None:
             self._agreed = verdict  # no rank, this one included, said stop
         elif verdict.stop and agreed[0] == verdict.trigger:
-            self._agreed = verdict  # ours says it all (another rank may have said the same)
+            # Ours says it all (another rank may have said the same), at the step all act.
+            self._agreed = verdict if verdict.step == step else replace(verdict, step=step)
         else:
             self._agreed = Verdict(True, agreed[0], lead=verdict.lead, step=step,
                                    rank=agreed[1])
-        if self._agreed is not verdict and self._agreed.key() != previous.key():
+        if self._agreed.rank is not None and self._agreed.key() != previous.key():
             self._announce(self._agreed)
         return self._agreed
 

@@ -80,6 +80,7 @@ LAYER = {
     "cgwatch.integrations._autoload": "public API",
     "cgwatch.integrations.deepspeed": "public API",
     "cgwatch.integrations.deepspeed_guard": "public API",
+    "cgwatch.integrations._guarded": "public API",
     "cgwatch.integrations.transformers": "public API",
     "cgwatch.integrations.lightning": "public API",
     "cgwatch.integrations.switches": "public API",

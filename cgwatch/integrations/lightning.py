@@ -27,43 +27,25 @@ access, on top of `lightning.pytorch.Callback` (tested with lightning 2.6.6; the
 from __future__ import annotations
 
 import os
-import threading
 from typing import TYPE_CHECKING, Any, Optional
 
-from cgwatch.guard import Guard
+from cgwatch.integrations._guarded import GuardUser, LazyClass
 
 if TYPE_CHECKING:
-    from cgwatch.policy import Verdict
+    from cgwatch.guard import Guard
 
     GuardCallback: type  # built on first access (module __getattr__)
 
 __all__ = ["GuardCallback", "callback_class"]
 
-_lock = threading.Lock()
-_class: Optional[type] = None
 
+def _build() -> type:
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
 
-def callback_class() -> type:
-    """`GuardCallback`, built on first use on top of Lightning's `Callback`."""
-    global _class
-    with _lock:
-        if _class is None:
-            try:
-                from lightning.pytorch import Callback
-            except ImportError:
-                from pytorch_lightning import Callback
-            _class = _build(Callback)
-        return _class
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GuardCallback":
-        return callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _build(base: Any) -> type:
-    class GuardCallback(base):  # type: ignore[misc]
+    class GuardCallback(GuardUser, Callback):  # type: ignore[misc]
         """Save and stop the Lightning Trainer when the memory guard says so (module
         docstring). `guard`: a `cgwatch.Guard` to use; otherwise one is made at `setup`
         with `guard_kwargs`. After `fit()`: `stopped` is the verdict acted on (None: the
@@ -73,22 +55,17 @@ def _build(base: Any) -> type:
         def __init__(self, guard: Optional[Guard] = None, *, dirpath: Optional[str] = None,
                      filename: str = "guard-step={step}.ckpt", **guard_kwargs: Any) -> None:
             super().__init__()
-            self.guard = guard
+            self._use_guard(guard, guard_kwargs)
             self.dirpath = dirpath
             self.filename = filename
-            self.stopped: Optional[Verdict] = None
             self.path: Optional[str] = None
-            self._guard_kwargs = guard_kwargs
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            if self.guard is None:
-                self.guard = Guard(**self._guard_kwargs)
+            self._the_guard()
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
-            guard = self.guard
-            if guard is None:
-                guard = self.guard = Guard(**self._guard_kwargs)
+            guard = self._the_guard()
             verdict = guard.check(trainer.global_step)
             if not verdict.stop or self.stopped is not None:
                 return
@@ -100,10 +77,18 @@ def _build(base: Any) -> type:
             self.path = path
             trainer.should_stop = True
 
-        def exit_if_stopped(self) -> None:
-            """If the guard stopped training: print its verdict and exit with
-            `cgwatch.GUARD_EXIT_STATUS` (75). Otherwise return."""
-            if self.stopped is not None and self.guard is not None:
-                self.guard.exit(self.stopped)
-
     return GuardCallback
+
+
+_callback = LazyClass(_build)
+
+
+def callback_class() -> type:
+    """`GuardCallback`, built on first use on top of Lightning's `Callback`."""
+    return _callback.get()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GuardCallback":
+        return _callback.get()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

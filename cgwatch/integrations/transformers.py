@@ -21,42 +21,23 @@ first access, on top of `transformers.TrainerCallback` (tested with transformers
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from cgwatch.guard import Guard
+from cgwatch.integrations._guarded import GuardUser, LazyClass
 
 if TYPE_CHECKING:
-    from cgwatch.policy import Verdict
+    from cgwatch.guard import Guard
 
     GuardCallback: type  # built on first access (module __getattr__)
 
 __all__ = ["GuardCallback", "callback_class"]
 
-_lock = threading.Lock()
-_class: Optional[type] = None
 
+def _build() -> type:
+    from transformers import TrainerCallback
 
-def callback_class() -> type:
-    """`GuardCallback`, built on first use on top of `transformers.TrainerCallback`."""
-    global _class
-    with _lock:
-        if _class is None:
-            from transformers import TrainerCallback
-
-            _class = _build(TrainerCallback)
-        return _class
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GuardCallback":
-        return callback_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _build(base: Any) -> type:
-    class GuardCallback(base):  # type: ignore[misc]
+    class GuardCallback(GuardUser, TrainerCallback):  # type: ignore[misc]
         """Save and stop the Trainer when the memory guard says so (module docstring).
         `guard`: a `cgwatch.Guard` to use; otherwise one is made at `on_train_begin` with
         `guard_kwargs`. After `train()`: `stopped` is the verdict acted on (None: the guard
@@ -64,21 +45,15 @@ def _build(base: Any) -> type:
 
         def __init__(self, guard: Optional[Guard] = None, **guard_kwargs: Any) -> None:
             super().__init__()
-            self.guard = guard
-            self.stopped: Optional[Verdict] = None
-            self._guard_kwargs = guard_kwargs
+            self._use_guard(guard, guard_kwargs)
             self._save_asked: Optional[float] = None
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if self.guard is None:
-                self.guard = Guard(**self._guard_kwargs)
+            self._the_guard()
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            guard = self.guard
-            if guard is None:  # a Trainer that skipped on_train_begin
-                guard = self.guard = Guard(**self._guard_kwargs)
-            verdict = guard.check(state.global_step)
+            verdict = self._the_guard().check(state.global_step)
             if verdict.stop and self.stopped is None:
                 self.stopped = verdict
                 control.should_save = True
@@ -88,15 +63,23 @@ def _build(base: Any) -> type:
             return control
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            if self._save_asked is not None and self.guard is not None:
-                self.guard.saved(time.monotonic() - self._save_asked)
+            if self._save_asked is not None:
+                self._the_guard().saved(time.monotonic() - self._save_asked)
                 self._save_asked = None
             return control
 
-        def exit_if_stopped(self) -> None:
-            """If the guard stopped training: print its verdict and exit with
-            `cgwatch.GUARD_EXIT_STATUS` (75). Otherwise return."""
-            if self.stopped is not None and self.guard is not None:
-                self.guard.exit(self.stopped)
-
     return GuardCallback
+
+
+_callback = LazyClass(_build)
+
+
+def callback_class() -> type:
+    """`GuardCallback`, built on first use on top of `transformers.TrainerCallback`."""
+    return _callback.get()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GuardCallback":
+        return _callback.get()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,8 @@ FRAMEWORK: plain (a PyTorch loop with DDP; run it as two ranks), hf (transformer
 with cgwatch.integrations.transformers.GuardCallback), lightning (with
 cgwatch.integrations.lightning.GuardCallback and torchdata's StatefulDataLoader), deepspeed
 (ZeRO-2 on the CPU accelerator with cgwatch.integrations.deepspeed_guard.guard_step).
-MODE: guard (leak + guard: saves and exits with the guard's status), control (leak, no
+MODE: guard (leak + guard: saves and exits with the guard's status), onerank (plain only,
+no leak: the last rank's guard has a reserve above any limit, the others none), control (leak, no
 guard: the kernel kills it), reference (no leak, no guard, STEPS steps), resume (from the
 checkpoint the guard run wrote, up to STEPS). Every step's loss, the guard's verdict and the
 checkpoint go to OUT/<mode>-rank<r>.json before the process exits. The models are built here
@@ -104,7 +105,12 @@ def plain(job: Job) -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
-    guard = cgwatch.Guard(**GUARD, sync_every=SYNC_EVERY) if job.mode == "guard" else None
+    guard = None
+    if job.mode == "guard":
+        guard = cgwatch.Guard(**GUARD, sync_every=SYNC_EVERY)
+    elif job.mode == "onerank":  # only the last rank's guard has a reason to stop (at once)
+        reserve = 1 << 50 if job.rank == job.world - 1 else 1
+        guard = cgwatch.Guard(reserve=reserve, sync_every=SYNC_EVERY)
     for step in range(start + 1, job.steps + 1):
         i = ((step - 1) * job.world + job.rank) % batches  # the data index: from the step
         xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
