@@ -16,7 +16,6 @@ process imports neither torch nor a framework.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -29,19 +28,11 @@ from typing import Any, NamedTuple, Optional
 import pytest
 
 from tests.cgroup_helpers import MiB, Tree, oom_kills
-from tests.integration.children import free_port, run_in
+from tests.integration.children import free_port, require, run_in
 
 pytestmark = pytest.mark.integration
 
-_NEEDED = ("torch", "transformers", "lightning", "torchdata", "deepspeed")
-_missing = [name for name in _NEEDED if importlib.util.find_spec(name) is None]
-if _missing:
-    pytest.skip(
-        f"integration tier: {', '.join(_missing)} not importable in {sys.executable} "
-        "(run tests/integration/setup, then .venv-integration/bin/python -m pytest "
-        "tests/integration)",
-        allow_module_level=True,
-    )
+require("torch", "transformers", "lightning", "torchdata", "deepspeed")
 
 from cgwatch import GUARD_EXIT_STATUS  # noqa: E402
 
