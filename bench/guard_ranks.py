@@ -1,8 +1,9 @@
 """What the guard's agreement across ranks costs (cgwatch/ranks.py): two CPU ranks over gloo,
 each timing `Guard.check()` far from every threshold with `sync_every=1` (an all-reduce at
-every check) next to `sync_every=0` (no all-reduce) and a bare one-int64 `all_reduce`, in
-alternating rounds. Needs torch (run it with .venv-integration, made by
-tests/integration/setup); not part of `python -m bench`, whose venv has no torch:
+every check) next to `sync_every=0` (no all-reduce), a bare one-int64 `all_reduce` and the
+guard's own (`ranks.TorchRanks.max`), in alternating rounds. Needs torch (run it with
+.venv-integration, made by tests/integration/setup); not part of `python -m bench`, whose
+venv has no torch:
 
     .venv-integration/bin/python -m bench.guard_ranks [checks per round] [rounds]
 
@@ -33,6 +34,7 @@ def rank_main(checks: int, rounds: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     import cgwatch
+    from cgwatch import ranks
 
     dist.init_process_group("gloo")
     synced = cgwatch.Guard(events=False, sync_every=1)
@@ -42,9 +44,15 @@ def rank_main(checks: int, rounds: int) -> dict[str, Any]:
     def bare() -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
 
+    group = ranks.torch_ranks()
+    assert group is not None
+
+    def reduce_only() -> None:
+        group.max(0)
+
     calls: dict[str, Callable[[], object]] = {
         "check, sync_every=1": synced.check, "check, sync_every=0": alone.check,
-        "bare all_reduce (int64, MAX)": bare}
+        "bare all_reduce (int64, MAX)": bare, "ranks.max (the guard's all-reduce)": reduce_only}
     times: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():  # warm-up (and the first sample of each guard)
         for _ in range(100):
