@@ -48,7 +48,18 @@ class LazyClass:
         self._class: Optional[type] = None
 
     def get(self) -> type:
+        """The class (built by the first call)."""
         with self._lock:
             if self._class is None:
                 self._class = self._build()
             return self._class
+
+    def module_getattr(self, name: str, module: str) -> Callable[[str], Any]:
+        """A module `__getattr__` that answers `name` with the class, built then."""
+
+        def __getattr__(attribute: str) -> Any:
+            if attribute == name:
+                return self.get()
+            raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
+
+        return __getattr__

@@ -72,14 +72,5 @@ def _build() -> type:
 
 
 _callback = LazyClass(_build)
-
-
-def callback_class() -> type:
-    """`GuardCallback`, built on first use on top of `transformers.TrainerCallback`."""
-    return _callback.get()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GuardCallback":
-        return _callback.get()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+callback_class = _callback.get  # `GuardCallback`, built on top of the base at the first call
+__getattr__ = _callback.module_getattr("GuardCallback", __name__)
