@@ -27,6 +27,13 @@ waiting for the clock. bench/guard.py measures both kinds of check.
 Every change of the decision (stop or not, the trigger, the level) is one log record on the
 "cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
 on the thread that called `check()`; never one per step.
+
+Distributed jobs: once torch.distributed is initialised (with 2 or more ranks), every
+`sync_every`-th check is one all-reduce of one int64 across ranks (ranks.py), and every rank
+gets the same answer at the same check: stop when any rank's guard says stop. Between those
+checks the last agreed verdict stands, so a rank never stops alone (a collective checkpoint
+would hang) and a stop comes at most `sync_every - 1` checks late. Every rank must call
+`check()` once per step, as a collective; ~0.2 ms per all-reduce with gloo on two CPU ranks.
 """
 
 from __future__ import annotations
@@ -38,16 +45,18 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import policy
+from . import policy, ranks
 from .alerts import Threshold
 from .forecast import Forecaster
+from .frozen import replace
 from .policy import EXIT_STATUS, Reading, Throttling, Verdict
 
 if TYPE_CHECKING:
     from .events import Events
     from .monitor import Monitor
+    from .ranks import Ranks
 
 __all__ = ["GUARD_EXIT_STATUS", "Guard", "Verdict"]
 
@@ -71,7 +80,10 @@ class Guard:
     that counts as throttled, for `throttle_seconds` in a row (0: never stop for
     throttling). `events`: an `Events` of the same monitor to learn OOM kills and `high`
     rises from, True to make one (closed with the guard), False for none. `bucket`, `span`,
-    `window`: the forecast's (forecast.py).
+    `window`: the forecast's (forecast.py). `sync_every`: checks between two agreements
+    of all ranks (module docstring; 0: never, each rank decides alone); `ranks`: the group
+    to agree in (anything with `rank` and a collective `max(int) -> int`; default
+    torch.distributed's default group, once initialised).
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
@@ -80,7 +92,7 @@ class Guard:
                  interval: float = 0.5, near_interval: float = 0.05, pressure: str = "full",
                  pressure_threshold: float = 0.10, throttle_seconds: float = 30.0,
                  events: Union[bool, Events] = True, bucket: float = 1.0, span: int = 5,
-                 window: int = 12) -> None:
+                 window: int = 12, sync_every: int = 10, ranks: Optional[Ranks] = None) -> None:
         if monitor is None:
             from . import default_monitor
 
@@ -88,9 +100,9 @@ class Guard:
         if pressure not in ("some", "full"):
             raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
         if checkpoint_seconds < 0 or margin < 1 or interval < 0 or near_interval < 0 \
-                or throttle_seconds < 0:
+                or throttle_seconds < 0 or sync_every < 0:
             raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
-                             "throttle_seconds >= 0")
+                             "throttle_seconds >= 0, sync_every >= 0")
         threshold = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
         self.monitor = monitor
@@ -118,6 +130,10 @@ class Guard:
         self._sampled = float("-inf")  # the last sample, time.monotonic()
         self._host_low = False  # available_memory() under _floor was the host's, not a level's
         self._verdict = Verdict(False, policy.OK, lead=self.lead)
+        self.sync_every = sync_every
+        self._ranks = ranks
+        self._calls = 0  # checks since the ranks were found: every sync_every-th agrees
+        self._agreed = self._verdict  # what the ranks last agreed on
         self._events: Optional[Events] = None
         self._own_events = False
         if events is True:
@@ -133,7 +149,59 @@ class Guard:
     # ---- the per-step call --------------------------------------------------------------------
 
     def check(self, step: Optional[int] = None) -> Verdict:
-        """The decision now (never raises). Cheap between samples: see the module docstring."""
+        """The decision now (never raises). Cheap between samples: see the module docstring.
+        In a distributed job, the decision all ranks agreed on (module docstring)."""
+        verdict = self._decide(step)
+        if not self.sync_every:
+            return verdict
+        group = self._ranks
+        if group is None:
+            # Looked up at every check until found (a sys.modules lookup without torch): a
+            # group initialised after the guard was made is used from its first check on.
+            group = self._ranks = ranks.torch_ranks()
+            if group is None:
+                return verdict
+            self._calls = 0
+        self._calls += 1
+        if (self._calls - 1) % self.sync_every:
+            return self._agreed
+        return self._agree(group, verdict, step)
+
+    def _agree(self, group: Ranks, verdict: Verdict, step: Optional[int]) -> Verdict:
+        try:
+            rank = group.rank
+            agreed = ranks.decode(group.max(ranks.encode(verdict.stop, verdict.trigger, rank)))
+        except Exception as e:  # noqa: BLE001 - a peer gone: its socket is closed, decide alone
+            log.warning("cgwatch guard: the all-reduce across ranks failed (%r); this rank "
+                        "decides alone from now on", e)
+            self.sync_every = 0
+            return verdict
+        previous = self._agreed
+        if agreed is None:
+            self._agreed = verdict  # no rank, this one included, said stop
+        elif verdict.stop and agreed[0] == verdict.trigger:
+            # Ours says it all (another rank may have said the same), at the step all act.
+            self._agreed = verdict if verdict.step == step else replace(verdict, step=step)
+        else:
+            self._agreed = Verdict(True, agreed[0], lead=verdict.lead, step=step,
+                                   rank=agreed[1])
+        if self._agreed.rank is not None and self._agreed.key() != previous.key():
+            self._announce(self._agreed)
+        return self._agreed
+
+    def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
+        """End the job after its save: print `verdict.message()` (default: the last one
+        `check()` decided) to stderr and raise SystemExit(GUARD_EXIT_STATUS)."""
+        import sys
+
+        print((verdict if verdict is not None else self._agreed_or_local()).message(),
+              file=sys.stderr, flush=True)
+        raise SystemExit(GUARD_EXIT_STATUS)
+
+    def _agreed_or_local(self) -> Verdict:
+        return self._agreed if self._ranks is not None else self._verdict
+
+    def _decide(self, step: Optional[int]) -> Verdict:
         now = _monotonic()
         available = None
         if self._killed == self._verdict.killed and now < self._due:

@@ -73,10 +73,12 @@ class Reading(Frozen):
 class Verdict(Frozen):
     """The guard's decision: `stop` (save and stop) and its `trigger` (OK, RESERVE, OOM_KILL,
     FORECAST, THROTTLE), the `level` (cgroup path) it is about, and the figures behind it.
-    `message()` is the line to print; `as_dict()` the fields for JSON."""
+    `rank`: set when ranks agreed (ranks.py) and another rank's guard decided; that rank's
+    verdict holds the figures. `message()` is the line to print; `as_dict()` the fields for
+    JSON."""
 
     __slots__ = ("stop", "trigger", "level", "limit", "headroom", "reserve", "growth",
-                 "seconds_left", "lead", "pressure", "throttled_for", "killed", "step")
+                 "seconds_left", "lead", "pressure", "throttled_for", "killed", "step", "rank")
     _fields = __slots__
     stop: bool
     trigger: str
@@ -91,16 +93,18 @@ class Verdict(Frozen):
     throttled_for: float
     killed: int  # OOM kills counted on the path since the guard started
     step: Optional[int]
+    rank: Optional[int]  # the deciding rank, when not this process (ranks agreed)
 
     def __init__(self, stop: bool, trigger: str, level: str = "",
                  limit: Optional[int] = None, headroom: Optional[int] = None,
                  reserve: Optional[int] = None, growth: float = 0.0,
                  seconds_left: Optional[float] = None, lead: float = 0.0,
                  pressure: Optional[float] = None, throttled_for: float = 0.0,
-                 killed: int = 0, step: Optional[int] = None) -> None:
+                 killed: int = 0, step: Optional[int] = None,
+                 rank: Optional[int] = None) -> None:
         for name, value in zip(self._fields, (stop, trigger, level, limit, headroom, reserve,
                                               growth, seconds_left, lead, pressure,
-                                              throttled_for, killed, step)):
+                                              throttled_for, killed, step, rank)):
             setter(self, name, value)
 
     def __bool__(self) -> bool:
@@ -118,6 +122,9 @@ class Verdict(Frozen):
         at = f" at step {self.step}" if self.step is not None else ""
         room = (f"headroom {human_bytes(self.headroom)} of {human_bytes(self.limit)}"
                 if self.headroom is not None else "")
+        if self.rank is not None and self.stop:
+            return (f"cgwatch guard: save and stop{at}: rank {self.rank}'s guard decided "
+                    f"({self.trigger}; that rank's message gives the level and figures)")
         if self.trigger == RESERVE:
             why = (f"{room}, below the reserve of {human_bytes(self.reserve)}")
         elif self.trigger == OOM_KILL:

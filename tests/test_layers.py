@@ -63,6 +63,7 @@ LAYER = {
     "cgwatch.notify": "I/O edges",
     "cgwatch.quota": "I/O edges",
     "cgwatch.shm": "I/O edges",
+    "cgwatch.ranks": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
@@ -83,6 +84,10 @@ LAYER = {
     "cgwatch.integrations": "public API",
     "cgwatch.integrations._autoload": "public API",
     "cgwatch.integrations.deepspeed": "public API",
+    "cgwatch.integrations.deepspeed_guard": "public API",
+    "cgwatch.integrations._guarded": "public API",
+    "cgwatch.integrations.transformers": "public API",
+    "cgwatch.integrations.lightning": "public API",
     "cgwatch.integrations.switches": "public API",
     # `cgwatch` itself: the module functions, the default monitor, the lazy names.
     "cgwatch": "package",
@@ -130,7 +135,9 @@ KNOWN_CYCLES = {
 PUBLIC = {
     "cgwatch", "cgwatch.__main__", "cgwatch.events", "cgwatch.alerts", "cgwatch.event",
     "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
-    "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed", "cgwatch.cli",
+    "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed",
+    "cgwatch.integrations.deepspeed_guard", "cgwatch.integrations.transformers",
+    "cgwatch.integrations.lightning", "cgwatch.cli",
     "cgwatch.cli.__main__",
 }
 

@@ -3,14 +3,28 @@ JSON it reports."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from tests.cgroup_helpers import Tree
+
+
+def require(*modules: str) -> None:
+    """Skip the calling test module unless every one of `modules` can be imported here."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(
+            f"integration tier: {', '.join(missing)} not importable in {sys.executable} "
+            "(run tests/integration/setup, then .venv-integration/bin/python -m pytest "
+            "tests/integration)",
+            allow_module_level=True,
+        )
 
 
 def free_port() -> int:

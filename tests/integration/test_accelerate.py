@@ -10,25 +10,16 @@ process inside a fresh limited cgroup; this pytest process never imports torch o
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import textwrap
 
 import pytest
 
 from tests.cgroup_helpers import MiB, Tree
-from tests.integration.children import run_in
+from tests.integration.children import require, run_in
 
 pytestmark = pytest.mark.integration
 
-_missing = [name for name in ("torch", "accelerate") if importlib.util.find_spec(name) is None]
-if _missing:
-    pytest.skip(
-        f"integration tier: {', '.join(_missing)} not importable in {sys.executable} "
-        "(run tests/integration/setup, then .venv-integration/bin/python -m pytest "
-        "tests/integration)",
-        allow_module_level=True,
-    )
+require("torch", "accelerate")
 
 LIMIT = 1024 * MiB
 

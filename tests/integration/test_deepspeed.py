@@ -9,7 +9,6 @@ pytest process never imports torch or DeepSpeed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,18 +20,11 @@ from typing import Any
 import pytest
 
 from tests.cgroup_helpers import MiB, Tree
-from tests.integration.children import free_port, run_in
+from tests.integration.children import free_port, require, run_in
 
 pytestmark = pytest.mark.integration
 
-_missing = [name for name in ("torch", "deepspeed") if importlib.util.find_spec(name) is None]
-if _missing:
-    pytest.skip(
-        f"integration tier: {', '.join(_missing)} not importable in {sys.executable} "
-        "(run tests/integration/setup, then .venv-integration/bin/python -m pytest "
-        "tests/integration)",
-        allow_module_level=True,
-    )
+require("torch", "deepspeed")
 
 HERE = Path(__file__).resolve().parent
 ZERO_STEPS = HERE / "zero_steps.py"

@@ -1,0 +1,65 @@
+"""Internal. What the memory guard's framework callbacks share (`transformers.py`,
+`lightning.py`): their guard (given, or made from keyword arguments at first use), the
+verdict they acted on, the exit after the framework has returned, and the class built on top
+of the framework's base only when first asked for (importing an adapter imports no
+framework)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from cgwatch.guard import Guard
+
+if TYPE_CHECKING:
+    from cgwatch.policy import Verdict
+
+
+class GuardUser:
+    """Mixed into a framework's callback class (before the framework's base)."""
+
+    guard: Optional[Guard]
+    stopped: Optional[Verdict]  # the verdict acted on; None: the guard never stopped the run
+    _guard_kwargs: dict[str, Any]
+
+    def _use_guard(self, guard: Optional[Guard], guard_kwargs: dict[str, Any]) -> None:
+        self.guard = guard
+        self.stopped = None
+        self._guard_kwargs = guard_kwargs
+
+    def _the_guard(self) -> Guard:
+        if self.guard is None:
+            self.guard = Guard(**self._guard_kwargs)
+        return self.guard
+
+    def exit_if_stopped(self) -> None:
+        """If the guard stopped training: print its verdict and exit with
+        `cgwatch.GUARD_EXIT_STATUS` (75). Otherwise return."""
+        if self.stopped is not None:
+            self._the_guard().exit(self.stopped)
+
+
+class LazyClass:
+    """A class built once, at the first `get()`, by `build()` (which imports the framework)."""
+
+    def __init__(self, build: Callable[[], type]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._class: Optional[type] = None
+
+    def get(self) -> type:
+        """The class (built by the first call)."""
+        with self._lock:
+            if self._class is None:
+                self._class = self._build()
+            return self._class
+
+    def module_getattr(self, name: str, module: str) -> Callable[[str], Any]:
+        """A module `__getattr__` that answers `name` with the class, built then."""
+
+        def __getattr__(attribute: str) -> Any:
+            if attribute == name:
+                return self.get()
+            raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
+
+        return __getattr__

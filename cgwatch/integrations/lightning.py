@@ -1,0 +1,85 @@
+"""The memory guard in Lightning: a `lightning.pytorch.Callback`.
+
+    from cgwatch.integrations.lightning import GuardCallback
+
+    guard = GuardCallback(reserve="5%")          # keyword arguments of cgwatch.Guard
+    trainer = L.Trainer(..., callbacks=[guard])
+    trainer.fit(model, loader)                   # resume: fit(..., ckpt_path=guard.path)
+    guard.exit_if_stopped()                      # stopped by the guard: its message, exit 75
+
+After every training batch (`on_train_batch_end`) the callback asks
+`cgwatch.Guard.check(trainer.global_step)`; when it says stop, it saves with
+`trainer.save_checkpoint()` (what `ModelCheckpoint` does at that hook, so the file resumes
+mid-epoch like one of its own: with a resumable loader such as torchdata's
+`StatefulDataLoader`) to `dirpath/filename` (default: the trainer's `default_root_dir`,
+`guard-step=<step>.ckpt`), times the save for the guard, and sets `trainer.should_stop`.
+Under DDP every rank gets the same answer at the same step (the guard's all-reduce,
+cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collective.
+
+Lightning's own SIGUSR1 auto-requeue (Slurm) is left alone: this callback installs no signal
+handler (a handler of ours would turn Lightning's off: /work/shared/training/NOTES.md §5).
+
+Importing this module imports neither torch nor Lightning: `GuardCallback` is built on first
+access, on top of `lightning.pytorch.Callback` (tested with lightning 2.6.6; the standalone
+`pytorch_lightning` package is used when `lightning` is not installed).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from cgwatch.integrations._guarded import GuardUser, LazyClass
+
+if TYPE_CHECKING:
+    from cgwatch.guard import Guard
+
+    GuardCallback: type  # built on first access (module __getattr__)
+
+__all__ = ["GuardCallback", "callback_class"]
+
+
+def _build() -> type:
+    try:
+        from lightning.pytorch import Callback
+    except ImportError:
+        from pytorch_lightning import Callback
+
+    class GuardCallback(GuardUser, Callback):  # type: ignore[misc]
+        """Save and stop the Lightning Trainer when the memory guard says so (module
+        docstring). `guard`: a `cgwatch.Guard` to use; otherwise one is made at `setup`
+        with `guard_kwargs`. After `fit()`: `stopped` is the verdict acted on (None: the
+        guard never stopped the run), `path` the checkpoint written, `exit_if_stopped()`
+        ends the job with the guard's status."""
+
+        def __init__(self, guard: Optional[Guard] = None, *, dirpath: Optional[str] = None,
+                     filename: str = "guard-step={step}.ckpt", **guard_kwargs: Any) -> None:
+            super().__init__()
+            self._use_guard(guard, guard_kwargs)
+            self.dirpath = dirpath
+            self.filename = filename
+            self.path: Optional[str] = None
+
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            self._the_guard()
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            guard = self._the_guard()
+            verdict = guard.check(trainer.global_step)
+            if not verdict.stop or self.stopped is not None:
+                return
+            self.stopped = verdict
+            directory = self.dirpath or trainer.default_root_dir
+            path = os.path.join(directory, self.filename.format(step=trainer.global_step))
+            with guard.saving():
+                trainer.save_checkpoint(path)
+            self.path = path
+            trainer.should_stop = True
+
+    return GuardCallback
+
+
+_callback = LazyClass(_build)
+callback_class = _callback.get  # `GuardCallback`, built on top of the base at the first call
+__getattr__ = _callback.module_getattr("GuardCallback", __name__)

@@ -1,0 +1,323 @@
+"""A tiny training job per framework, with a leak at a controlled rate and cgwatch's guard;
+run by tests/integration/test_guard_training.py inside a memory-limited cgroup.
+
+    python guarded_train.py FRAMEWORK MODE STEPS OUT [LEAK_MIB]
+
+FRAMEWORK: plain (a PyTorch loop with DDP; run it as two ranks), hf (transformers' Trainer
+with cgwatch.integrations.transformers.GuardCallback), lightning (with
+cgwatch.integrations.lightning.GuardCallback and torchdata's StatefulDataLoader), deepspeed
+(ZeRO-2 on the CPU accelerator with cgwatch.integrations.deepspeed_guard.guard_step).
+MODE: guard (leak + guard: saves and exits with the guard's status), onerank (plain only,
+no leak: the last rank's guard has a reserve above any limit, the others none), control (leak, no
+guard: the kernel kills it), reference (no leak, no guard, STEPS steps), resume (from the
+checkpoint the guard run wrote, up to STEPS). Every step's loss, the guard's verdict and the
+checkpoint go to OUT/<mode>-rank<r>.json before the process exits. The models are built here
+(nothing is downloaded); the data are seeded random numbers.
+
+The leak is LEAK_MIB MiB of written bytes after every step (a calloc'ed zero buffer may not
+be charged), on the last rank only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+STEP_SECONDS = 0.01  # each step also sleeps this: a step of a real job, not only a memset
+BATCH = 8
+SAMPLES = 800
+GUARD = {"reserve": "12%", "checkpoint_seconds": 1.0, "interval": 0.2}
+SYNC_EVERY = 2  # the plain loop's two ranks agree every other step
+
+_leaked: list[bytes] = []
+
+
+class Job:
+    def __init__(self, framework: str, mode: str, steps: int, out: str, leak_mib: int) -> None:
+        self.framework = framework
+        self.mode = mode
+        self.steps = steps
+        self.out = out
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        leaking = mode in ("guard", "control") and self.rank == self.world - 1
+        self.leak_bytes = leak_mib << 20 if leaking else 0
+        self.losses: dict[int, float] = {}
+        self.result: dict[str, Any] = {"framework": framework, "mode": mode,
+                                       "rank": self.rank, "world": self.world}
+        self.checkpoint = os.path.join(out, f"{framework}-checkpoint")
+
+    def step_done(self) -> None:
+        """After every optimizer step: the leak, and the pace of a real step."""
+        if self.leak_bytes:
+            _leaked.append(b"\x01" * self.leak_bytes)
+        time.sleep(STEP_SECONDS)
+
+    def write(self, verdict: Any = None, **extra: Any) -> None:
+        self.result["losses"] = {str(k): v for k, v in sorted(self.losses.items())}
+        if verdict is not None:
+            self.result["verdict"] = {
+                "stop": verdict.stop, "trigger": verdict.trigger, "level": verdict.level,
+                "step": verdict.step, "rank": verdict.rank, "message": verdict.message()}
+        self.result.update(extra)
+        path = os.path.join(self.out, f"{self.mode}-rank{self.rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.result, f)
+        os.replace(path + ".tmp", path)
+
+
+def data() -> tuple[Any, Any]:
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    return torch.randn(SAMPLES, 32, generator=gen), torch.randn(SAMPLES, 1, generator=gen)
+
+
+def mlp() -> Any:
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                               torch.nn.Linear(256, 1))
+
+
+# ---- plain PyTorch: DDP over gloo, the guard in the loop --------------------------------------
+
+
+def plain(job: Job) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import cgwatch
+
+    dist.init_process_group("gloo")
+    model = mlp()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = data()
+    batches = SAMPLES // BATCH
+    start = 0
+    if job.mode == "resume":
+        state = torch.load(os.path.join(job.checkpoint, "state.pt"), weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = state["step"]
+    guard = None
+    if job.mode == "guard":
+        guard = cgwatch.Guard(**GUARD, sync_every=SYNC_EVERY)
+    elif job.mode == "onerank":  # only the last rank's guard has a reason to stop (at once)
+        reserve = 1 << 50 if job.rank == job.world - 1 else 1
+        guard = cgwatch.Guard(reserve=reserve, sync_every=SYNC_EVERY)
+    for step in range(start + 1, job.steps + 1):
+        i = ((step - 1) * job.world + job.rank) % batches  # the data index: from the step
+        xb, yb = x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+        loss = torch.nn.functional.mse_loss(ddp(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        job.losses[step] = loss.item()
+        job.step_done()
+        if guard is None:
+            continue
+        verdict = guard.check(step)
+        if verdict.stop:
+            if job.rank == 0:  # DDP keeps the replicas equal: one writer
+                os.makedirs(job.checkpoint, exist_ok=True)
+                with guard.saving():
+                    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                "step": step}, os.path.join(job.checkpoint, "state.pt"))
+            dist.barrier()  # the file is whole before any rank leaves
+            job.write(verdict, checkpoint=job.checkpoint)
+            guard.exit(verdict)
+    job.write()
+
+
+# ---- Hugging Face transformers: Trainer + GuardCallback ---------------------------------------
+
+
+def hf(job: Job) -> None:
+    import torch
+    import transformers
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from cgwatch.integrations.transformers import GuardCallback
+
+    ids = torch.randint(0, 1000, (SAMPLES, 32), generator=torch.Generator().manual_seed(1234))
+
+    class Tokens(torch.utils.data.Dataset):  # type: ignore[misc]
+        def __len__(self) -> int:
+            return SAMPLES
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"input_ids": ids[i], "labels": ids[i]}
+
+    class Recording(Trainer):  # type: ignore[misc]
+        def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            loss = super().compute_loss(model, inputs, *args, **kwargs)
+            job.losses[self.state.global_step + 1] = float(loss.detach())
+            return loss
+
+    class Leak(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            job.step_done()
+
+    transformers.set_seed(0)  # before building: Trainer seeds only in __init__
+    model = GPT2LMHeadModel(GPT2Config(
+        n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=32, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    args = TrainingArguments(
+        output_dir=job.checkpoint, max_steps=job.steps, per_device_train_batch_size=BATCH,
+        learning_rate=1e-3, lr_scheduler_type="constant", use_cpu=True, report_to=[],
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
+        dataloader_num_workers=0)
+    callbacks: list[Any] = [Leak()]
+    guard = None
+    if job.mode == "guard":
+        guard = GuardCallback(**GUARD)
+        callbacks.append(guard)
+    trainer = Recording(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+    resume = job.result["resumed_from"] = _last_hf_checkpoint(job.checkpoint) \
+        if job.mode == "resume" else None
+    trainer.train(resume_from_checkpoint=resume)
+    if guard is not None and guard.stopped is not None:
+        job.write(guard.stopped, checkpoint=_last_hf_checkpoint(job.checkpoint))
+        guard.exit_if_stopped()
+    job.write()
+
+
+def _last_hf_checkpoint(directory: str) -> Optional[str]:
+    found = [d for d in os.listdir(directory) if d.startswith("checkpoint-")] \
+        if os.path.isdir(directory) else []
+    if not found:
+        return None
+    return os.path.join(directory, max(found, key=lambda d: int(d.split("-")[1])))
+
+
+# ---- Lightning: GuardCallback, a resumable loader ---------------------------------------------
+
+
+def lightning(job: Job) -> None:
+    import lightning as L
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from cgwatch.integrations.lightning import GuardCallback
+
+    class Module(L.LightningModule):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            xb, yb = batch
+            loss = torch.nn.functional.mse_loss(self.net(xb), yb)
+            job.losses[self.global_step + 1] = loss.item()
+            return loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    class Leak(L.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, *args: Any) -> None:
+            job.step_done()
+
+    x, y = data()
+    loader = StatefulDataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH,
+                                shuffle=False, num_workers=0)
+    callbacks: list[Any] = [Leak()]
+    guard = None
+    if job.mode == "guard":
+        guard = GuardCallback(dirpath=job.checkpoint, **GUARD)
+        callbacks.append(guard)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=job.steps, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=job.out,
+                        callbacks=callbacks)
+    ckpt = None
+    if job.mode == "resume":
+        ckpt = job.result["resumed_from"] = os.path.join(
+            job.checkpoint, sorted(os.listdir(job.checkpoint))[-1])
+    trainer.fit(Module(), loader, ckpt_path=ckpt)
+    if guard is not None and guard.stopped is not None:
+        job.write(guard.stopped, checkpoint=guard.path)
+        guard.exit_if_stopped()
+    job.write()
+
+
+# ---- DeepSpeed ZeRO-2 on the CPU accelerator: guard_step around save_checkpoint --------------
+
+
+def deepspeed_zero2(job: Job) -> None:
+    import deepspeed
+    import torch
+
+    import cgwatch
+    from cgwatch.integrations.deepspeed_guard import guard_step
+
+    # No JIT build of the shared-memory allreduce op (useless here; see zero_steps.py).
+    deepspeed.ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    model = mlp()
+    config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**6, "wall_clock_breakdown": False}
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=config)
+    x, y = data()
+    batches = SAMPLES // BATCH
+    start = 0
+    if job.mode == "resume":
+        _, client = engine.load_checkpoint(job.checkpoint)  # tag None: the `latest` file
+        start = client["step"]
+    guard = cgwatch.Guard(**GUARD) if job.mode == "guard" else None
+    for step in range(start + 1, job.steps + 1):
+        i = ((step - 1) * job.world + job.rank) % batches
+        loss = torch.nn.functional.mse_loss(engine(x[i * BATCH:(i + 1) * BATCH]),
+                                            y[i * BATCH:(i + 1) * BATCH])
+        engine.backward(loss)
+        engine.step()
+        job.losses[step] = loss.item()
+        job.step_done()
+        if guard is None:
+            continue
+        verdict = guard_step(guard, engine, step, job.checkpoint, tag=f"step{step}",
+                             client_state={"step": step})
+        if verdict.stop:
+            job.write(verdict, checkpoint=job.checkpoint)
+            guard.exit(verdict)
+    job.write()
+
+
+FRAMEWORKS: dict[str, Callable[[Job], None]] = {
+    "plain": plain, "hf": hf, "lightning": lightning, "deepspeed": deepspeed_zero2}
+
+
+def main(argv: list[str]) -> int:
+    framework, mode, steps, out = argv[:4]
+    job = Job(framework, mode, int(steps), out, int(argv[4]) if len(argv) > 4 else 0)
+    status = 0
+    try:
+        FRAMEWORKS[framework](job)
+    except SystemExit as e:  # the guard's exit: its status, after the group is torn down
+        status = e.code if isinstance(e.code, int) else 1
+    # Tear the group down and leave without the interpreter's exit: torch + gloo ranks can
+    # abort there (`terminate called without an active exception`, NOTES.md section 6).
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
