@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Callable, Optional
 
     from .hostmem import HostMemory
+    from .inotify import Target
     from .tree import Level
 
     Publishable = Callable[[discovery.Resolved, tuple[Level, ...], HostMemory], Snapshot]
@@ -84,6 +85,35 @@ class Resolver:
                 replace(snap, levels=lvls, total=total), "monitor closed",
                 time.monotonic() + poll_interval)
         return publishable(res, lvls, snap.host)
+
+    def changed_limits(self, snap: Snapshot, targets: list[Target],
+                       publishable: Publishable) -> Optional[Snapshot]:
+        """`snap` with only the limit files that raised an event re-read (tree.changed_limits);
+        None when anything is unusual: the caller takes the full re-read (`fresh_limits`)."""
+        res = snap.resolution
+        if not isinstance(res, discovery.Resolved):
+            return snap
+        lvls = tree.changed_limits(snap.levels, [(t.level_index, t.path) for t in targets],
+                                   res.version)
+        return None if lvls is None else publishable(res, lvls, snap.host)
+
+    def closed_refresh(self, snap: Snapshot, poll_interval: float,
+                       publishable: Publishable) -> Optional[Snapshot]:
+        """A closed monitor's re-read (at most every poll_interval), with no descriptor kept:
+        /proc/self/cgroup read anew, so a move is followed, then the limits; None if the
+        process's cgroup directory is gone (nothing to publish)."""
+        if self.proc.moved_unkept():
+            snap = self.build(snap, publishable)
+            self.proc.forget_descriptor()
+            return closed(snap, time.monotonic() + poll_interval)
+        return self.fresh_limits(snap, True, poll_interval, publishable)
+
+
+def closed(snap: Snapshot, expires: float) -> Snapshot:
+    """A closed monitor's snapshot: the host's and the levels' descriptors let go, answers
+    read anew (at most once until `expires`)."""
+    return snapshot.without_descriptors(replace(snap, host=snap.host.detached()),
+                                        "monitor closed", expires)
 
 
 def publishable(res: discovery.Resolved, lvls: tuple[Level, ...], host: HostMemory,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 
-from . import discovery, resolver, snapshot, tree
+from . import discovery, resolver, tree
 from .frozen import replace
 from .inotify import Target, TargetGone, WatchEvent
 from .logs import Reporter, log
@@ -138,18 +138,19 @@ class Tracker:
         sub = Subscription(self.unsubscribe, callback, files)
         with self.lock:
             self._subs.add(sub)
-            if files is not None and self._watch.active and not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
-            self._attach_loop()
+            self._files_changed(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.lock:
             self._subs.remove(sub)
-            if sub.files is not None and self._watch.active \
-                    and not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
-            self._attach_loop()
+            self._files_changed(sub)
+
+    def _files_changed(self, sub: Subscription) -> None:
+        """A subscription came or went: watch its files too (or no more), and want the loop."""
+        if sub.files is not None and self._watch.active:
+            self._watch_or_resolve()
+        self._attach_loop()
 
     def _notify(self, kind: str, paths: tuple[str, ...] = ()) -> None:
         if len(self._subs):
@@ -166,9 +167,7 @@ class Tracker:
             TICKER.leave(self)
             self._watch.stop()
             self._proc.forget_descriptor()
-            self.snap = replace(self.snap, host=self.snap.host.detached())
-            self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
-                                                     time.monotonic())
+            self.snap = resolver.closed(self.snap, time.monotonic())
             self.due = 0.0
 
     def release_at_exit(self) -> None:
@@ -274,30 +273,16 @@ class Tracker:
         return True
 
     def _refresh_closed(self) -> None:
-        """A closed monitor's re-read (at most every poll_interval), with no descriptor kept:
-        /proc/self/cgroup read anew, so a move is followed, then the limits."""
-        if self._proc.moved_unkept():
-            self.snap = self._where.build(self.snap, self._publishable)
-            self._proc.forget_descriptor()
-            self.snap = replace(self.snap, host=self.snap.host.detached())
-            self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
-                                                     time.monotonic() + self.poll_interval)
-        else:
-            self._publish_fresh_limits()
+        snap = self._where.closed_refresh(self.snap, self.poll_interval, self._publishable)
+        if snap is not None:
+            self.snap = snap
 
     def _apply_limit_changes(self, targets: list[Target]) -> None:
-        """Re-read only the limit files that raised an event (tree.changed_limits); anything
-        unusual takes the full re-read."""
-        snap = self.snap
-        res = snap.resolution
-        if not isinstance(res, discovery.Resolved):
-            return
-        lvls = tree.changed_limits(snap.levels, [(t.level_index, t.path) for t in targets],
-                                   res.version)
-        if lvls is None:
-            self._refresh_limits()
+        snap = self._where.changed_limits(self.snap, targets, self._publishable)
+        if snap is None:
+            self._refresh_limits()  # anything unusual takes the full re-read
         else:
-            self.snap = self._publishable(res, lvls, snap.host)
+            self.snap = snap
 
     def _confirm(self, now: float, reads: Optional[Reads] = None) -> None:
         """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here;
@@ -328,8 +313,7 @@ class Tracker:
         elif self._wants_watch():
             # Not before the hub's back-off (quota.backoff): no re-resolve per try, and no
             # probe until then.
-            if not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
+            self._watch_or_resolve()
             if not self._watch.active:
                 self._retry_at = max(self._retry_at, self._use.next_try(now))
         else:
@@ -371,6 +355,10 @@ class Tracker:
         self._attach_loop()
         self._republish()
         return True
+
+    def _watch_or_resolve(self) -> None:
+        if not self._start_watching():
+            self.resolve_again("the cgroup tree changed while it was being watched")
 
     def _fall_back_to_polling(self, reason: str, choice: bool = False) -> None:
         self.report(f"{reason}; polling instead (a pread of each limit file per query)",
