@@ -20,16 +20,15 @@ from __future__ import annotations
 import threading
 import time
 
-from . import discovery, hostmem, snapshot, tree
+from . import discovery, resolver, tree
 from .frozen import replace
-from .hostmem import HostMemory
 from .inotify import Target, TargetGone, WatchEvent
 from .logs import Reporter, log
 from .loop import LOOP, at_fork_in_child
+from .resolver import RETRY_INTERVAL, Resolver
 from .seam import Change, Layout, Subscribers, Subscription
-from .snapshot import HOST, POLLING, WATCHING, Snapshot
+from .snapshot import HOST, POLLING, Snapshot
 from .ticker import TICKER, Reads
-from .tree import Level, ProcCgroup
 from .watchhub import at_exit, watch_targets
 from .watchlease import WatchLease
 
@@ -37,16 +36,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Optional
 
+    from .hostmem import HostMemory
+    from .tree import Level
+
 _RESOLVE_ATTEMPTS = 5  # re-resolves when the tree changes between resolving and watching
-RETRY_INTERVAL = 1.0  # seconds between retries of what failed (the thread, a resolve)
 
 
 class Tracker:
     def __init__(self, root: str, *, migration_interval: float, confirm_interval: float,
                  poll_interval: float, use_inotify: bool, thread: bool, fresh: bool,
                  pid: Optional[int] = None) -> None:
-        self.root = root
-        self.pid = pid  # None: this process
         self.migration_interval = migration_interval
         self.confirm_interval = confirm_interval
         self.poll_interval = poll_interval
@@ -62,16 +61,17 @@ class Tracker:
         self.read_problem = ""
         self._forked = False  # set in a fork child until its first query re-arms
         self._reporter = Reporter()
-        self._proc = ProcCgroup(root, pid)
+        # The Reporter's method, not ours: a cycle would keep a dropped monitor (and the
+        # loop thread) alive until the garbage collector runs (tests/test_lifecycle.py).
+        self._where = Resolver(root, pid, self._reporter.report)
+        self._proc = self._where.proc
         self._use = WatchLease(use_inotify, self._poke, self._on_changes)
         self._watch = self._use.watch
         self._loop_problem = ""
-        self._resolve_failed = False
         self._next_confirm = 0.0
         self._retry_at = 0.0
-        self._generation = 0
         self._subs = Subscribers()
-        self.snap: Snapshot = self._build(None)
+        self.snap: Snapshot = self._where.build(None, self._publishable)
         at_fork_in_child(self._after_fork_in_child)
         with self.lock:
             self._start()
@@ -138,18 +138,19 @@ class Tracker:
         sub = Subscription(self.unsubscribe, callback, files)
         with self.lock:
             self._subs.add(sub)
-            if files is not None and self._watch.active and not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
-            self._attach_loop()
+            self._files_changed(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self.lock:
             self._subs.remove(sub)
-            if sub.files is not None and self._watch.active \
-                    and not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
-            self._attach_loop()
+            self._files_changed(sub)
+
+    def _files_changed(self, sub: Subscription) -> None:
+        """A subscription came or went: watch its files too (or no more), and want the loop."""
+        if sub.files is not None and self._watch.active:
+            self._watch_or_resolve()
+        self._attach_loop()
 
     def _notify(self, kind: str, paths: tuple[str, ...] = ()) -> None:
         if len(self._subs):
@@ -166,9 +167,7 @@ class Tracker:
             TICKER.leave(self)
             self._watch.stop()
             self._proc.forget_descriptor()
-            self.snap = replace(self.snap, host=self.snap.host.detached())
-            self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
-                                                     time.monotonic())
+            self.snap = resolver.closed(self.snap, time.monotonic())
             self.due = 0.0
 
     def release_at_exit(self) -> None:
@@ -201,63 +200,25 @@ class Tracker:
             if not self._forked:
                 return
             self._forked = False
-            self.snap = self._build(self.snap)
+            self.snap = self._where.build(self.snap, self._publishable)
             if not self.closed:
                 self._start()
 
     # ---- building snapshots (under self.lock) ------------------------------------------------
-
-    def _build(self, previous: Optional[Snapshot]) -> Snapshot:
-        resolution, text = tree.resolve_process(self.root, self.pid)
-        if isinstance(resolution, discovery.Unresolved) and resolution.transient \
-                and previous is not None \
-                and isinstance(previous.resolution, discovery.Resolved):
-            # Cannot read /proc/self now (EMFILE in an fd-starved process, say): the levels
-            # known before are still the best answer (their descriptors are open); retry.
-            self._resolve_failed = True
-            self.report(f"{resolution.reason}; answering from the levels resolved before "
-                        f"(retried every {RETRY_INTERVAL:g} s)")
-            return replace(previous, status=replace(previous.status, reason=resolution.reason))
-        self._proc.remember(text)
-        self._resolve_failed = isinstance(resolution, discovery.Unresolved) \
-            and resolution.transient
-        host = previous.host if previous is not None and previous.host.fd >= 0 \
-            else hostmem.shared(self.root)
-        if host.reason:
-            self.report(host.reason)
-        self._generation += 1
-        if isinstance(resolution, discovery.Resolved):
-            try:
-                lvls = tree.build_levels(self.root, resolution)
-                return self._publishable(resolution, lvls, host)
-            except OSError as e:
-                self._resolve_failed = True
-                resolution = discovery.Unresolved(f"cannot read {resolution.directory}: {e}")
-        assert isinstance(resolution, discovery.Unresolved)
-        self.report(f"no memory cgroup, using host values: {resolution.reason}")
-        return snapshot.host_only(resolution, host, self._generation)
 
     def _publishable(self, res: discovery.Resolved, lvls: tuple[Level, ...],
                      host: HostMemory) -> Snapshot:
         for lvl in lvls:
             if lvl.problem:
                 self.report(lvl.problem)
-        if self._watch.active:
-            mode, reason = WATCHING, self._loop_problem
-            expires = None
-        else:
-            # Also the state during construction, until _start() has created the watcher.
-            # Exact all the same: every query checks the limit files (tree.limit_check).
-            mode, reason = POLLING, self._use.problem or "not watching yet"
-            expires = None
-        snap = snapshot.make(res, lvls, host, mode, reason, expires, self._generation)
-        if mode == WATCHING and not self.fresh and self.thread and LOOP.running():
-            snap = replace(snap, trusted=True)
-        elif self._watch.pending is not None:
-            snap = replace(snap, pending=self._watch.pending)
-        elif mode == POLLING:
-            snap = replace(snap, pending=tree.limit_check(lvls, res.version))
-        return snap
+        watching = self._watch.active
+        # Polling is also the state during construction, until _start() has created the
+        # watcher: exact all the same (every query checks the limit files).
+        reason = self._loop_problem if watching else self._use.problem or "not watching yet"
+        return resolver.publishable(
+            res, lvls, host, self._where.generation, watching=watching, reason=reason,
+            trusted=watching and not self.fresh and self.thread and LOOP.running(),
+            pending=self._watch.pending)
 
     def _republish(self) -> None:
         snap = self.snap
@@ -287,7 +248,7 @@ class Tracker:
             log.debug("cgwatch: re-resolving (%s)", why)
             self.read_problem = ""
             for _ in range(_RESOLVE_ATTEMPTS):
-                self.snap = self._build(self.snap)
+                self.snap = self._where.build(self.snap, self._publishable)
                 if self._watch_and_verify():
                     break
                 why = "the cgroup tree changed while it was being watched"
@@ -304,47 +265,24 @@ class Tracker:
 
     def _publish_fresh_limits(self) -> bool:
         """Publish a snapshot with freshly read limits; False if our directory is gone."""
-        snap = self.snap
-        res = snap.resolution
-        if not isinstance(res, discovery.Resolved):
-            return True
-        lvls = tree.reread_limits(self.root, res, snap.levels)
-        if lvls is None:
+        snap = self._where.fresh_limits(self.snap, self.closed, self.poll_interval,
+                                        self._publishable)
+        if snap is None:
             return False
-        if self.closed:
-            total = min([snap.host.total] + [lvl.limit for lvl in lvls if lvl.limit is not None])
-            self.snap = snapshot.without_descriptors(
-                replace(snap, levels=lvls, total=total), "monitor closed",
-                time.monotonic() + self.poll_interval)
-            return True
-        self.snap = self._publishable(res, lvls, snap.host)
+        self.snap = snap
         return True
 
     def _refresh_closed(self) -> None:
-        """A closed monitor's re-read (at most every poll_interval), with no descriptor kept:
-        /proc/self/cgroup read anew, so a move is followed, then the limits."""
-        if self._proc.moved_unkept():
-            self.snap = self._build(self.snap)
-            self._proc.forget_descriptor()
-            self.snap = replace(self.snap, host=self.snap.host.detached())
-            self.snap = snapshot.without_descriptors(self.snap, "monitor closed",
-                                                     time.monotonic() + self.poll_interval)
-        else:
-            self._publish_fresh_limits()
+        snap = self._where.closed_refresh(self.snap, self.poll_interval, self._publishable)
+        if snap is not None:
+            self.snap = snap
 
     def _apply_limit_changes(self, targets: list[Target]) -> None:
-        """Re-read only the limit files that raised an event (tree.changed_limits); anything
-        unusual takes the full re-read."""
-        snap = self.snap
-        res = snap.resolution
-        if not isinstance(res, discovery.Resolved):
-            return
-        lvls = tree.changed_limits(snap.levels, [(t.level_index, t.path) for t in targets],
-                                   res.version)
-        if lvls is None:
-            self._refresh_limits()
+        snap = self._where.changed_limits(self.snap, targets, self._publishable)
+        if snap is None:
+            self._refresh_limits()  # anything unusual takes the full re-read
         else:
-            self.snap = self._publishable(res, lvls, snap.host)
+            self.snap = snap
 
     def _confirm(self, now: float, reads: Optional[Reads] = None) -> None:
         """Is the process still in the cgroup it was resolved in? (one pread, ~1.2 us here;
@@ -363,20 +301,19 @@ class Tracker:
     def _needs_retry(self) -> bool:
         if self.closed:
             return False
-        return bool(self._loop_problem or self._resolve_failed or self._wants_watch())
+        return bool(self._loop_problem or self._where.failed or self._wants_watch())
 
     def _wants_watch(self) -> bool:
         return self._use.wants() and self.snap.status.mode != HOST
 
     def _retry(self, now: float) -> None:
         self._retry_at = now + RETRY_INTERVAL
-        if self._resolve_failed:
+        if self._where.failed:
             self.resolve_again("retrying what failed")  # the limits may have been raised or freed
         elif self._wants_watch():
             # Not before the hub's back-off (quota.backoff): no re-resolve per try, and no
             # probe until then.
-            if not self._start_watching():
-                self.resolve_again("the cgroup tree changed while it was being watched")
+            self._watch_or_resolve()
             if not self._watch.active:
                 self._retry_at = max(self._retry_at, self._use.next_try(now))
         else:
@@ -418,6 +355,10 @@ class Tracker:
         self._attach_loop()
         self._republish()
         return True
+
+    def _watch_or_resolve(self) -> None:
+        if not self._start_watching():
+            self.resolve_again("the cgroup tree changed while it was being watched")
 
     def _fall_back_to_polling(self, reason: str, choice: bool = False) -> None:
         self.report(f"{reason}; polling instead (a pread of each limit file per query)",

@@ -71,8 +71,9 @@ LAYER = {
     "cgwatch.watchlease": "machinery",
     "cgwatch.ticker": "machinery",
     "cgwatch.snapshot": "machinery",
-    # Keep one monitor's snapshot true; count and log one layout's events.
+    # Keep one monitor's snapshot true (and build it); count and log one layout's events.
     "cgwatch.tracker": "core",
+    "cgwatch.resolver": "core",
     "cgwatch.scanner": "core",
     "cgwatch.eventlog": "core",
     # What users hold.
