@@ -101,7 +101,7 @@ class Events:
         psi_trigger: str = DEFAULT_PSI_TRIGGER,
     ) -> None:
         if monitor is None:
-            from . import default_monitor
+            from .default import default_monitor
 
             monitor = default_monitor()
         self.monitor = monitor

@@ -94,7 +94,7 @@ class Guard:
                  events: Union[bool, Events] = True, bucket: float = 1.0, span: int = 5,
                  window: int = 12, sync_every: int = 10, ranks: Optional[Ranks] = None) -> None:
         if monitor is None:
-            from . import default_monitor
+            from .default import default_monitor
 
             monitor = default_monitor()
         if pressure not in ("some", "full"):

@@ -200,7 +200,7 @@ class MonitorCollector(Collector):
 
     def __init__(self, monitor: Optional[Monitor] = None) -> None:
         if monitor is None:
-            from . import default_monitor  # lazily: cgwatch/__init__ imports the layers below
+            from .default import default_monitor  # lazily: the monitor only when none was given
 
             monitor = default_monitor()
         self.monitor = monitor

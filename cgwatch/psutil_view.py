@@ -85,9 +85,9 @@ def _host() -> svmem:
 def _limits(monitor: Optional[MemorySource]) -> tuple[int, int]:
     if monitor is not None:
         return monitor.total_memory(), monitor.available_memory()
-    import cgwatch  # late: cgwatch/__init__ may itself import this module
+    from . import default  # late: the default monitor's import only when it is asked for
 
-    return cgwatch.total_memory(), cgwatch.available_memory()
+    return default.total_memory(), default.available_memory()
 
 
 # psutil's Linux svmem, field by field (the same in psutil 5.8 to 7.2). The fast path below

@@ -78,6 +78,7 @@ LAYER = {
     "cgwatch.eventlog": "core",
     # What users hold.
     "cgwatch.monitor": "public API",
+    "cgwatch.default": "public API",
     "cgwatch.events": "public API",
     "cgwatch.psutil_view": "public API",
     "cgwatch.prometheus": "public API",
@@ -110,26 +111,14 @@ LAYER = {
     "cgwatch.testdoor": "tests' door",
 }
 
-# Imports to a higher layer that are meant (design.md section 2 lists them too): each one is
-# the default monitor, imported inside the function that needs it when the caller passed no
-# monitor (at module level it would be a circle: cgwatch/__init__ imports the layers below).
-DEFAULT_MONITOR = "the default monitor, imported lazily when no monitor is given"
-UPWARD = {
-    ("cgwatch.events", "cgwatch"): "Events(monitor=None): " + DEFAULT_MONITOR,
-    ("cgwatch.psutil_view", "cgwatch"): "the patched psutil calls: " + DEFAULT_MONITOR,
-    ("cgwatch.prometheus", "cgwatch"): "MonitorCollector(monitor=None): " + DEFAULT_MONITOR,
-    ("cgwatch.integrations.deepspeed", "cgwatch"): "the accelerator: " + DEFAULT_MONITOR,
-    ("cgwatch.guard", "cgwatch"): "Guard(monitor=None): " + DEFAULT_MONITOR,
-}
+# Imports to a higher layer that are meant (design.md section 2 lists them too). None today:
+# the default monitor, which the events layer, the psutil view, the collector, the guard and
+# DeepSpeed's accelerator ask for when given none, lives in cgwatch/default.py, below the
+# package (it was imported from cgwatch/__init__ by each of them: four arrows upward).
+UPWARD: dict[tuple[str, str], str] = {}
 
 # Import cycles of the runtime graph that exist today, each with why.
-KNOWN_CYCLES = {
-    # `cgwatch.Events` is loaded through _LAZY; Events(monitor=None) imports the package back
-    # inside __init__ (the UPWARD entry above). Both directions are lazy: neither runs at
-    # `import cgwatch`.
-    # `cgwatch.Guard` the same way, and Guard imports Events lazily for OOM kills.
-    frozenset({"cgwatch", "cgwatch.events", "cgwatch.guard"}): "lazy both ways",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 # Public per design.md section 2: what `cgwatch/__init__.py` exports, the modules users import
 # by name, and the command's entry points. Every other module is internal.
@@ -265,12 +254,13 @@ def test_every_module_has_a_layer() -> None:
 
 def test_the_walk_sees_every_kind_of_import() -> None:
     # One of each form, as the package writes them today: a module-level relative import, a
-    # function-local `from . import x`, an absolute `import cgwatch` in a function, a
-    # `from ..x import y` of a subpackage, and a _LAZY name.
+    # function-local `from .x import y` and `from . import x`, an absolute `from cgwatch
+    # import x` in a function, a `from ..x import y` of a subpackage, and a _LAZY name.
     got = {(e.source, e.target, e.lazy) for e in EDGES}
     assert ("cgwatch.monitor", "cgwatch.tracker", False) in got
-    assert ("cgwatch.events", "cgwatch", True) in got
-    assert ("cgwatch.psutil_view", "cgwatch", True) in got
+    assert ("cgwatch.events", "cgwatch.default", True) in got
+    assert ("cgwatch.psutil_view", "cgwatch.default", True) in got
+    assert ("cgwatch.integrations._autoload", "cgwatch.psutil_view", True) in got
     assert ("cgwatch.cli.show", "cgwatch.monitor", False) in got
     assert ("cgwatch", "cgwatch.events", True) in got
     # ... and skips type-only imports (monitor.py takes HeadroomSource under TYPE_CHECKING

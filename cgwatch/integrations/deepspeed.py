@@ -109,17 +109,17 @@ def _build_class(base: Any) -> type:
             monitor = self._cgwatch_monitor
             if monitor is not None:
                 return monitor.total_memory()
-            import cgwatch
+            from .. import default
 
-            return cgwatch.total_memory()
+            return default.total_memory()
 
         def available_memory(self, device_index: Any = None) -> int:
             monitor = self._cgwatch_monitor
             if monitor is not None:
                 return monitor.available_memory()
-            import cgwatch
+            from .. import default
 
-            return cgwatch.available_memory()
+            return default.available_memory()
 
         def export_envs(self) -> list[str]:
             envs = list(super().export_envs())
@@ -252,7 +252,7 @@ def uninstall_pth(directory: Optional[str] = None) -> bool:
 
 def _check() -> dict[str, Any]:
     """Import DeepSpeed and report what its accelerator answers (for `check`)."""
-    import cgwatch
+    from .. import default
 
     accel = importlib.import_module("deepspeed.accelerator").get_accelerator()
     return {
@@ -262,8 +262,8 @@ def _check() -> dict[str, Any]:
         "total_memory": accel.total_memory(),
         "available_memory": accel.available_memory(),
         "export_envs": accel.export_envs(),
-        "cgwatch_total_memory": cgwatch.total_memory(),
-        "cgwatch_available_memory": cgwatch.available_memory(),
+        "cgwatch_total_memory": default.total_memory(),
+        "cgwatch_available_memory": default.available_memory(),
     }
 
 
