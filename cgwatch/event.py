@@ -31,6 +31,10 @@ class Event:
     # v2: this rise is the same one already reported at the level below on the path
     # (hierarchical counters repeat a kill at every ancestor). The log skips these.
     propagated: bool = False
+    # The smallest limit at or above this level and the path where it is (None: no limit on
+    # the rest of the path), as the scanner saw the levels: a level without a limit of its own
+    # names the one that binds it. Carried by the event, so a formatter needs nothing else.
+    path_limit: Optional[tuple[int, str]] = None
 
     kind = "event"
 
@@ -41,10 +45,10 @@ class Event:
     def as_dict(self) -> dict[str, Any]:
         return {"type": self.kind, **self.__dict__}
 
-    def message(self, limit_above: Optional[tuple[int, str]] = None) -> str:
-        """One line about it; `limit_above` (Events.limit_above) names the binding limit when
-        this level has none."""
-        return event_message(self, limit_above)
+    def message(self) -> str:
+        """One line about it, naming the binding limit (`path_limit`) when this level has
+        none."""
+        return event_message(self)
 
 
 
@@ -57,10 +61,9 @@ def limit_text(limit: Optional[int], path_limit: Optional[tuple[int, str]]) -> s
     return "none here"
 
 
-def event_message(event: Event, path_limit: Optional[tuple[int, str]] = None,
-                  folded: int = 0) -> str:
+def event_message(event: Event, folded: int = 0) -> str:
     """One line about an event; `folded` rises were held back since the last such line."""
     extra = f", {folded} more rises since the last report" if folded else ""
     return (f"cgroup {event.cgroup_path}: {counters.describe(event.counter)} "
             f"({event.counter} {event.old} -> {event.new}{extra}; limit "
-            f"{limit_text(event.limit, path_limit)}, usage {human_bytes(event.usage)})")
+            f"{limit_text(event.limit, event.path_limit)}, usage {human_bytes(event.usage)})")

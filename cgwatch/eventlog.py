@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional, Union
+from typing import Callable, Union
 
 from . import counters
 from .alerts import HeadroomAlert
@@ -54,8 +54,7 @@ class EventLog:
         self.logger = logger
         self.limiter = RateLimiter(interval)
 
-    def emit(self, item: Union[Event, HeadroomAlert],
-             path_limit: Optional[tuple[int, str]] = None) -> None:
+    def emit(self, item: Union[Event, HeadroomAlert]) -> None:
         if isinstance(item, HeadroomAlert):
             self.logger.log(logging.WARNING if item.below else logging.INFO,
                             "cgwatch: %s", item.message())
@@ -70,4 +69,4 @@ class EventLog:
             if not allowed:
                 return
         if self.logger.isEnabledFor(level):
-            self.logger.log(level, "cgwatch: %s", event_message(item, path_limit, folded))
+            self.logger.log(level, "cgwatch: %s", event_message(item, folded))

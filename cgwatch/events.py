@@ -389,16 +389,15 @@ class Events:
     # ---- delivering -------------------------------------------------------------------------
 
     def limit_above(self, item: Item) -> Optional[tuple[int, str]]:
-        """The smallest limit at or above an event's level, and the path where it is."""
-        if not isinstance(item, Event):
-            return None
-        return self._scanner.limit_above(item.level)
+        """The smallest limit at or above an event's level, and the path where it is (the
+        event's own `path_limit`, as the scanner saw the levels)."""
+        return item.path_limit if isinstance(item, Event) else None
 
     def _deliver(self, items: list[Item]) -> None:
         for item in items:
             if self._log is not None:
                 try:
-                    self._log.emit(item, self.limit_above(item))
+                    self._log.emit(item)
                 except Exception:  # noqa: BLE001 - a logging handler must not stop events
                     pass
             with self._cond:

@@ -312,7 +312,8 @@ class Scanner:
             flags = propagated.get(counter)
             found.append(Event(lvl.cgroup_path, lvl.directory, index, counter, old, new,
                                lvl.limit, usages[index], now, source, version, local_old,
-                               local_new, bool(flags and flags[index])))
+                               local_new, bool(flags and flags[index]),
+                               self.limit_above(index)))
         return found
 
     def _pair_local_values(self, reads: list[dict[str, dict[str, int]]],

@@ -13,11 +13,10 @@ if TYPE_CHECKING:
     from ..events import Item
 
 
-def format_item(item: Item, limit_above: Optional[tuple[int, str]] = None,
-                wall: Optional[float] = None) -> str:
-    """One line: local time, severity, message (`limit_above`: Events.limit_above)."""
+def format_item(item: Item, wall: Optional[float] = None) -> str:
+    """One line: local time, severity, message."""
     stamp = time.strftime("%H:%M:%S", time.localtime(wall if wall is not None else time.time()))
     if isinstance(item, HeadroomAlert):
         return f"{stamp} {'WARNING' if item.below else 'INFO':7} {item.message()}"
     return (f"{stamp} {counters.severity(item.counter).upper():7} "
-            f"{item.message(limit_above)}")
+            f"{item.message()}")

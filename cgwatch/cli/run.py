@@ -336,7 +336,7 @@ class _Verbose:
 
     def _print(self, lines: list[tuple[Item, int]]) -> None:
         for item, rises in lines:
-            print(f"cgwatch: {format_item(item, self.events.limit_above(item))}"
+            print(f"cgwatch: {format_item(item)}"
                   f"{rises_suffix(rises)}", file=sys.stderr, flush=True)
 
 

@@ -182,7 +182,7 @@ def _follow(args: argparse.Namespace, monitor: Monitor, events: Events, out: Tex
         lines = coalescer.offer(item, now) if item is not None else coalescer.due(now)
         for shown, rises in lines:
             out.write((json_item(shown, rises) if args.json else
-                       format_item(shown, events.limit_above(shown)) + rises_suffix(rises))
+                       format_item(shown) + rises_suffix(rises))
                       + "\n")
         if now >= next_shm:
             next_shm = now + args.interval
