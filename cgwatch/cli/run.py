@@ -48,7 +48,18 @@ from ..monitor import Monitor
 from ..shm import ShmUsage, shm_usage
 from ..snapshot import LevelInfo
 from .coalesce import Coalescer, rises_suffix
-from .explain import KILL_COUNTERS, Above, Report, explain, explain_shm, find_culprit, signal_name
+from .explain import (
+    KILL_COUNTERS,
+    Above,
+    Report,
+    SlurmJob,
+    explain,
+    explain_rlimit,
+    explain_sampled,
+    explain_shm,
+    find_culprit,
+    signal_name,
+)
 from .format import format_item
 from .runlog import RunLog
 
@@ -79,8 +90,40 @@ def _vmstat_oom_kills(root: str) -> Optional[int]:
     return values.parse_flat_keyed(text).get("oom_kill")
 
 
+def slurm_job(cgroup_path: Optional[str], environ: Any,
+              levels: list[LevelInfo]) -> Optional[SlurmJob]:
+    """The Slurm job this process runs in (None outside one), from its cgroup path and
+    environment (slurm.py), and whether a cgroup limit on the path enforces what it declared."""
+    from ..slurm import from_environ, parse_slurm_cgroup
+
+    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
+    declared = from_environ(environ)
+    if place is None and declared is None:
+        return None
+    limit = declared.limit if declared is not None else None
+    enforced = limit is None or any(
+        lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit for lvl in levels)
+    job = place.job if place is not None else declared.job if declared is not None else 0
+    step = place.step if place is not None else declared.step if declared is not None else None
+    return SlurmJob(job or 0, step, declared.option if declared is not None else None, limit,
+                    enforced, place.job_path if place is not None else None,
+                    place.limit_step_path if place is not None else None)
+
+
+def _rlimits() -> list[tuple[str, int]]:
+    """The soft RLIMIT_AS/RLIMIT_DATA that CMD inherits from us, where set."""
+    import resource
+
+    out = []
+    for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+        soft = resource.getrlimit(getattr(resource, name))[0]
+        if soft != resource.RLIM_INFINITY:
+            out.append((name, soft))
+    return out
+
+
 def build_report(command: str, returncode: int, seen: list[Item],
-                 monitor: Monitor) -> Optional[Report]:
+                 monitor: Monitor, slurm: Optional[SlurmJob] = None) -> Optional[Report]:
     """The report to print, or None when no OOM kill touched the path. `seen`: the events
     (RunLog.events() gives one merged Event per counter and level)."""
     events = [e for e in seen if isinstance(e, Event)]
@@ -103,7 +146,7 @@ def build_report(command: str, returncode: int, seen: list[Item],
         peak, peak_file = _peak(culprit.directory, version)
     sig = -returncode if returncode < 0 else None
     return Report(command, exit_status(returncode), sig, tuple(kills), culprit, peak, peak_file,
-                  top)
+                  top, slurm)
 
 
 def _above(levels: list[LevelInfo], above: str) -> Optional[Above]:
@@ -162,7 +205,8 @@ def run_command(args: argparse.Namespace) -> int:
         events.scan_now()  # rises that landed after the last notification was read
         if printer is not None:
             printer.close()
-        report = build_report(name, returncode, list(runlog.events()), monitor)
+        slurm = slurm_job(monitor.status.cgroup_path, os.environ, monitor.levels())
+        report = build_report(name, returncode, list(runlog.events()), monitor, slurm)
         if report is None and returncode == -signal.SIGKILL:
             after = _vmstat_oom_kills(args.root)
             if host_kills_before is not None and after is not None \
@@ -172,11 +216,18 @@ def run_command(args: argparse.Namespace) -> int:
                              "this host, none counted on this cgroup path (see `dmesg` for "
                              "'Killed process')")
         available = monitor.available_memory()
-    shm_text = explain_shm(name, exit_status(returncode),
-                           -returncode if returncode < 0 else None, shm.peak, available)
+    sig = -returncode if returncode < 0 else None
+    shm_text = explain_shm(name, exit_status(returncode), sig, shm.peak, available)
+    # Other causes, when no OOM kill explains the end (the evidence each needs: explain.py)
+    if report is None and host_note is None:
+        shm_text = shm_text or explain_sampled(name, exit_status(returncode), sig, 0, slurm) \
+            or explain_rlimit(name, exit_status(returncode), sig, _rlimits())
     if args.json or args.report:
         data = report_json(command, pid, returncode, report, runlog, shm.peak, shm.last,
                            shm_text, host_note)
+        data["slurm"] = None if slurm is None else {
+            "job": slurm.job, "step": slurm.step, "option": slurm.option,
+            "declared_limit": slurm.declared, "enforced_by_cgroup": slurm.enforced}
         if args.report:
             _write_report(args.report, data)
     if args.json:

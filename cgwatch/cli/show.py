@@ -5,12 +5,14 @@ always, with `limits` saying whether it is)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from ..monitor import Monitor
 from ..shm import shm_limits, shm_usage
-from ..snapshot import throttle_headroom
+from ..snapshot import LevelInfo, throttle_headroom
 from ..units import human_bytes
 
 LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least headroom"}
@@ -37,7 +39,33 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
                    "cgroup_path": status.cgroup_path, "directory": status.directory,
                    "above": status.above},
         "levels": [lvl.as_dict() for lvl in levels],
+        "slurm": slurm_report(status.cgroup_path, os.environ, levels),
     }
+
+
+def slurm_report(cgroup_path: Optional[str], environ: Mapping[str, str],
+                 levels: Sequence[LevelInfo]) -> Optional[dict[str, Any]]:
+    """The Slurm job this process is in (None outside one): ids, what it declared, and
+    whether a cgroup enforces it."""
+    from ..slurm import from_environ, parse_slurm_cgroup
+
+    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
+    declared = from_environ(environ)
+    if place is None and declared is None:
+        return None
+    job = place.job if place is not None else declared.job if declared is not None else None
+    step = place.step if place is not None else declared.step if declared is not None else None
+    limit = declared.limit if declared is not None else None
+    enforced = None
+    if limit is not None:
+        enforced = any(lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit
+                       for lvl in levels)
+    return {"job": job, "step": step,
+            "declared_limit": limit,
+            "option": declared.option if declared is not None else None,
+            "enforced_by_cgroup": enforced,
+            "job_cgroup": place.job_path if place is not None else None,
+            "step_cgroup": place.limit_step_path if place is not None else None}
 
 
 def format_table(data: dict[str, Any]) -> str:
@@ -62,7 +90,10 @@ def format_table(data: dict[str, Any]) -> str:
     rows = [header]
     for lvl in levels:
         mark = ("T" if lvl["binds_total"] else " ") + ("A" if lvl["binds_available"] else " ")
-        rows.append((mark, lvl["cgroup_path"], human_bytes(lvl["limit"]),
+        name = lvl["cgroup_path"]
+        if lvl.get("slurm_role"):
+            name += f"  [{lvl['slurm_role']} {lvl['slurm_id']}]"
+        rows.append((mark, name, human_bytes(lvl["limit"]),
                      human_bytes(lvl["usage"]), human_bytes(lvl["inactive_file"]),
                      human_bytes(lvl["headroom"]),
                      *(human_bytes(lvl.get(key)) for key, _ in extra)))
@@ -84,6 +115,17 @@ def format_table(data: dict[str, Any]) -> str:
     marks = {m for r in rows[1:] for m in r[0] if m != " "}
     if marks:
         lines.append("   ".join(text for mark, text in LEGEND.items() if mark in marks))
+    for lvl in levels:
+        if lvl.get("kind", "cgroup") != "cgroup" and lvl.get("problem"):
+            lines.append(f"{lvl['cgroup_path']}: {lvl['problem']}")
+    slurm = data.get("slurm")
+    if slurm:
+        job = f"Slurm job {slurm['job']}" + (f", step {slurm['job']}.{slurm['step']}"
+                                             if slurm["step"] is not None else "")
+        if slurm["option"]:
+            job += f", {slurm['option']}" + ("" if slurm["enforced_by_cgroup"] else
+                                             " (declared, not enforced by a cgroup)")
+        lines.append(job)
     lines.append(f"total_memory:     {human_bytes(data['total_memory'])} "
                  f"({data['total_memory']} bytes)")
     lines.append(f"available_memory: {human_bytes(data['available_memory'])} "
