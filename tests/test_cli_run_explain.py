@@ -204,6 +204,7 @@ def test_explain_in_a_slurm_job_names_job_step_and_mem() -> None:
 
 @pytest.mark.parametrize("sig, status, kills, slurm, says", [
     (signal.SIGKILL, 137, 0, SAMPLED, True),  # the sampled kill, seen on 22.05
+    (None, 137, 0, SAMPLED, True),  # `cgwatch run -- srun ...`: srun exits 137 (22.05)
     (signal.SIGKILL, 137, 1, SAMPLED, False),  # an OOM kill was counted: the kernel did it
     (signal.SIGKILL, 137, 0, SLURM_V1, False),  # a cgroup enforces --mem: not sampling
     (signal.SIGTERM, 143, 0, SAMPLED, False),  # time limit / scancel: SIGTERM first

@@ -207,7 +207,8 @@ def explain(report: Report) -> str:
 def _slurm_line(slurm: SlurmJob) -> str:
     asked = slurm.option or ("no SLURM_MEM_* in its environment (a plain srun --mem "
                              "exports none): the job's cgroup limit is what it asked for")
-    return f"  slurm       job {slurm.job}, step {slurm.step_id}, {asked}"
+    step = f"step {slurm.step_id}" if slurm.step is not None else "no step of its own"
+    return f"  slurm       job {slurm.job}, {step}, {asked}"
 
 
 def _slurm_advice(slurm: SlurmJob, cmd: str) -> str:
@@ -227,12 +228,15 @@ def explain_sampled(cmd: str, status: int, sig: Optional[int], oom_kills: int,
     limit ("exceeded memory limit (948035584 > 314572800), being killed", seen on 22.05):
     the evidence is CMD dying of SIGKILL, no OOM kill counted on its path, in a job whose
     declared limit no cgroup enforces. Still only the likeliest reading (`scancel -s KILL`
-    looks the same), and said so."""
-    if sig != signal.SIGKILL or oom_kills or slurm is None or slurm.enforced \
-            or slurm.declared is None:
+    looks the same), and said so. CMD may be `srun` itself, which exits 137 when its task
+    was SIGKILLed: the sampling kills every process of the step, so a `cgwatch run` inside
+    the killed step dies with it and only one wrapping the `srun` can tell."""
+    # srun passes its SIGKILLed task's 137 on as its own exit status (seen on 22.05)
+    killed = sig == signal.SIGKILL or (sig is None and status == 128 + signal.SIGKILL)
+    if not killed or oom_kills or slurm is None or slurm.enforced or slurm.declared is None:
         return None
     lines = _wrap(
-        f"{cmd} was killed by SIGKILL (exit status {status}) with no OOM kill counted on its "
+        f"{cmd} ended by SIGKILL (exit status {status}) with no OOM kill counted on its "
         f"cgroup path, in Slurm job {slurm.job} whose {slurm.option} no cgroup enforces: most "
         f"likely slurmstepd's memory sampling killed the step for passing "
         f"{human_bytes(slurm.declared)} (JobAcctGatherParams=OverMemoryKill; the job's "
