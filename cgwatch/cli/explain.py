@@ -194,7 +194,7 @@ def explain(report: Report) -> str:
         kills_line,
     ]
     if report.slurm is not None:
-        lines += [_slurm_line(report.slurm)]
+        lines += _wrap(_slurm_line(report.slurm))
         lines += _wrap(_slurm_advice(report.slurm, cmd))
         return _prefixed(lines)
     lines += _wrap(f"what to do: raise that cgroup's memory limit (docker run --memory, "
@@ -242,7 +242,7 @@ def explain_sampled(cmd: str, status: int, sig: Optional[int], oom_kills: int,
         f"{human_bytes(slurm.declared)} (JobAcctGatherParams=OverMemoryKill; the job's "
         f"stderr says \"exceeded memory limit\"). It counts the RSS of every process of the "
         f"step, shared pages once per process.")
-    lines += [_slurm_line(slurm)]
+    lines += _wrap(_slurm_line(slurm))
     lines += _wrap(_slurm_advice(slurm, cmd))
     return _prefixed(lines)
 
