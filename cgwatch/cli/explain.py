@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import signal
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 from ..event import Event
 from ..shm import ShmUsage
+from ..snapshot import LevelInfo
 from ..units import human_bytes
 
 KILL_COUNTERS = ("oom_kill", "oom_group_kill")
@@ -54,6 +55,14 @@ class SlurmJob:
     def step_id(self) -> str:
         return f"{self.job}.{self.step}" if self.step is not None else str(self.job)
 
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form (`cgwatch --json` and `cgwatch run --json`); `enforced_by_cgroup`
+        is None when nothing was declared."""
+        return {"job": self.job, "step": self.step, "declared_limit": self.declared,
+                "option": self.option,
+                "enforced_by_cgroup": self.enforced if self.declared is not None else None,
+                "job_cgroup": self.job_cgroup, "step_cgroup": self.step_cgroup}
+
     def role(self, cgroup_path: str) -> str:
         """" [job J]" / " [step J.S]" for the job's and step's cgroups, else ""."""
         if cgroup_path == self.job_cgroup:
@@ -62,6 +71,26 @@ class SlurmJob:
                 self.step_cgroup, self.step_cgroup.removesuffix("/user")):
             return f" [step {self.step_id}]"
         return ""
+
+
+def slurm_job(cgroup_path: Optional[str], environ: Mapping[str, str],
+              levels: Sequence[LevelInfo]) -> Optional[SlurmJob]:
+    """The Slurm job this process runs in (None outside one), from its cgroup path and
+    environment (slurm.py), and whether a cgroup limit on the path enforces what it declared."""
+    from ..slurm import from_environ, parse_slurm_cgroup
+
+    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
+    declared = from_environ(environ)
+    if place is None and declared is None:
+        return None
+    limit = declared.limit if declared is not None else None
+    enforced = limit is None or any(
+        lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit for lvl in levels)
+    job = place.job if place is not None else declared.job if declared is not None else 0
+    step = place.step if place is not None else declared.step if declared is not None else None
+    return SlurmJob(job or 0, step, declared.option if declared is not None else None, limit,
+                    enforced, place.job_path if place is not None else None,
+                    place.limit_step_path if place is not None else None)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,10 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   of rises, their total and the first and last event. `-v` coalesces bursts (coalesce.py).
 - /dev/shm is sampled every 0.25 s; CMD dying of SIGBUS (or failing) while it was over 90%
   full is explained (explain.py `explain_shm`).
+- Inside a Slurm job the explanation names the job, the step and the --mem it asked for, and
+  advises --mem and sacct. Without an OOM kill: a SIGKILL (or srun's 137) in a job whose
+  declared --mem no cgroup enforces is named as slurmstepd's sampling (OverMemoryKill); exit
+  status 1 or SIGABRT under RLIMIT_AS/RLIMIT_DATA as a likely MemoryError / std::bad_alloc.
 - `--json` / `--report FILE`: the report as one JSON object (report_json) on stderr / in
   FILE. The killed process is named (pid, command) only when it is CMD itself, killed by
   SIGKILL while an `oom_kill` was counted: the kernel log that names other victims is not
@@ -59,6 +63,7 @@ from .explain import (
     explain_shm,
     find_culprit,
     signal_name,
+    slurm_job,
 )
 from .format import format_item
 from .runlog import RunLog
@@ -88,26 +93,6 @@ def _vmstat_oom_kills(root: str) -> Optional[int]:
     except OSError:
         return None
     return values.parse_flat_keyed(text).get("oom_kill")
-
-
-def slurm_job(cgroup_path: Optional[str], environ: Any,
-              levels: list[LevelInfo]) -> Optional[SlurmJob]:
-    """The Slurm job this process runs in (None outside one), from its cgroup path and
-    environment (slurm.py), and whether a cgroup limit on the path enforces what it declared."""
-    from ..slurm import from_environ, parse_slurm_cgroup
-
-    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
-    declared = from_environ(environ)
-    if place is None and declared is None:
-        return None
-    limit = declared.limit if declared is not None else None
-    enforced = limit is None or any(
-        lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit for lvl in levels)
-    job = place.job if place is not None else declared.job if declared is not None else 0
-    step = place.step if place is not None else declared.step if declared is not None else None
-    return SlurmJob(job or 0, step, declared.option if declared is not None else None, limit,
-                    enforced, place.job_path if place is not None else None,
-                    place.limit_step_path if place is not None else None)
 
 
 def _rlimits() -> list[tuple[str, int]]:
@@ -225,9 +210,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.json or args.report:
         data = report_json(command, pid, returncode, report, runlog, shm.peak, shm.last,
                            shm_text, host_note)
-        data["slurm"] = None if slurm is None else {
-            "job": slurm.job, "step": slurm.step, "option": slurm.option,
-            "declared_limit": slurm.declared, "enforced_by_cgroup": slurm.enforced}
+        data["slurm"] = None if slurm is None else slurm.as_dict()
         if args.report:
             _write_report(args.report, data)
     if args.json:

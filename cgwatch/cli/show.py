@@ -46,26 +46,11 @@ def report(monitor: Monitor, root: str = "/") -> dict[str, Any]:
 def slurm_report(cgroup_path: Optional[str], environ: Mapping[str, str],
                  levels: Sequence[LevelInfo]) -> Optional[dict[str, Any]]:
     """The Slurm job this process is in (None outside one): ids, what it declared, and
-    whether a cgroup enforces it."""
-    from ..slurm import from_environ, parse_slurm_cgroup
+    whether a cgroup enforces it (None: nothing declared)."""
+    from .explain import slurm_job
 
-    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
-    declared = from_environ(environ)
-    if place is None and declared is None:
-        return None
-    job = place.job if place is not None else declared.job if declared is not None else None
-    step = place.step if place is not None else declared.step if declared is not None else None
-    limit = declared.limit if declared is not None else None
-    enforced = None
-    if limit is not None:
-        enforced = any(lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit
-                       for lvl in levels)
-    return {"job": job, "step": step,
-            "declared_limit": limit,
-            "option": declared.option if declared is not None else None,
-            "enforced_by_cgroup": enforced,
-            "job_cgroup": place.job_path if place is not None else None,
-            "step_cgroup": place.limit_step_path if place is not None else None}
+    job = slurm_job(cgroup_path, environ, levels)
+    return None if job is None else job.as_dict()
 
 
 def format_table(data: dict[str, Any]) -> str:
