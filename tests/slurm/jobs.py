@@ -52,7 +52,10 @@ def sbatch(script: str, *args: str) -> tuple[int, str]:
 
 
 def level(data: dict[str, Any], role: str) -> dict[str, Any]:
-    """The level of `cgwatch --json` that is the Slurm job's or the step's (v1: one each)."""
+    """The level of `cgwatch --json` that is the Slurm job's or the step's: v1 has one each;
+    on v2 the step is step_S and step_S/user, and the one with the limit is returned."""
     found = [lvl for lvl in data["levels"] if lvl["slurm_role"] == role]
+    if len(found) > 1:
+        found = [lvl for lvl in found if lvl["limit"] is not None] or found[:1]
     assert len(found) == 1, data["levels"]
     return found[0]
