@@ -20,6 +20,7 @@ from .envswitch import switch_off
 from .files import READ_SIZE
 from .frozen import replace
 from .headroom import headroom, throttle_headroom
+from .proclimits import least_room as _least_room
 from .seam import Change, Layout, Subscription
 from .snapshot import (
     HOST,
@@ -181,6 +182,12 @@ class Monitor:
                 host = snap.host.available()
                 if best < 0 or host < best:
                     best = host
+            if snap.process:
+                # A limit no cgroup enforces (RLIMIT_AS/DATA, a Slurm job's declared --mem):
+                # one read of /proc/self/statm, only when such a limit is set (proclimits.py)
+                room = _least_room(snap.process)
+                if best < 0 or room < best:
+                    best = room
             if best > snap.total:
                 # Only when MemTotal is below a level's headroom (garbage in meminfo, or a
                 # fake tree): never above total_memory(), whatever the inputs.

@@ -116,6 +116,18 @@ class Reading:
     trends: dict[str, Trend] = field(default_factory=dict)
 
 
+def slurm_labels(levels: Sequence[LevelInfo]) -> dict[str, str]:
+    """`slurm_job` and `slurm_step` ("4", "4.0") where the monitored process is in a Slurm
+    job's cgroups (LevelInfo.slurm_role), for joining with the scheduler's data; nothing
+    otherwise. Not `job`: Prometheus sets `job` on every target (the scrape job) and would
+    rename ours to `exported_job`."""
+    labels = {}
+    for level in levels:
+        if level.slurm_role in ("job", "step") and level.slurm_id is not None:
+            labels[f"slurm_{level.slurm_role}"] = level.slurm_id
+    return labels
+
+
 def families(reading: Reading) -> list[Metric]:
     """The metric families of one reading (pure: no I/O). Families without a sample are left
     out; the info metric is always there, and so are the two answers unless the reading has
@@ -135,7 +147,8 @@ def families(reading: Reading) -> list[Metric]:
                             value={"mode": status.mode,
                                    "version": "" if status.version is None
                                    else str(status.version),
-                                   "cgroup": status.cgroup_path or ""})
+                                   "cgroup": status.cgroup_path or "",
+                                   **slurm_labels(reading.levels)})
     result: list[Metric] = [total, available, info]
     for attribute, name, doc in LEVEL_GAUGES:
         gauge = GaugeMetricFamily(name, doc, labels=["cgroup"])

@@ -7,16 +7,20 @@ new one, never a mix.
 
 from __future__ import annotations
 
-from . import discovery, names, values
+import os
+
+from . import discovery, names, proclimits, values
 from .frozen import Frozen, replace, setter
 from .headroom import binding_levels, headroom
 from .hostmem import HostMemory
 from .names import FileNames
+from .proclimits import ProcessLimit, read_process_limits
 from .tree import Level
 from .units import human_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Callable, Optional
 
     # (lower bound on the headroom or None, limit, usage fd, stat fd, memory.stat needle)
@@ -72,7 +76,7 @@ class LevelInfo(Frozen):
 
     _fields = ("cgroup_path", "directory", "limit", "usage", "inactive_file", "headroom",
                "binds_total", "binds_available", "problem", "high", "high_headroom",
-               "swap_limit", "swap_usage", "hidden")
+               "swap_limit", "swap_usage", "hidden", "kind", "slurm_role", "slurm_id")
     cgroup_path: str
     directory: str
     limit: Optional[int]
@@ -89,13 +93,19 @@ class LevelInfo(Frozen):
     # A v1 limit above the visible hierarchy: usage and headroom are the top visible level's
     # (a floor of the usage there, so the headroom is an upper bound)
     hidden: bool
+    # "cgroup", or a limit on the process that no cgroup enforces (proclimits.py):
+    # "RLIMIT_AS", "RLIMIT_DATA", "slurm" (a Slurm job's declared --mem)
+    kind: str
+    slurm_role: Optional[str]  # "job" or "step": this cgroup is the Slurm job's or step's
+    slurm_id: Optional[str]  # the job id ("4") or step id ("4.0") of that level
 
     def __init__(self, cgroup_path: str, directory: str, limit: Optional[int],
                  usage: Optional[int], inactive_file: Optional[int], headroom: Optional[int],
                  binds_total: bool, binds_available: bool, problem: Optional[str],
                  high: Optional[int] = None, high_headroom: Optional[int] = None,
                  swap_limit: Optional[int] = None, swap_usage: Optional[int] = None,
-                 hidden: bool = False) -> None:
+                 hidden: bool = False, kind: str = "cgroup", slurm_role: Optional[str] = None,
+                 slurm_id: Optional[str] = None) -> None:
         setter(self, "cgroup_path", cgroup_path)
         setter(self, "directory", directory)
         setter(self, "limit", limit)
@@ -110,11 +120,14 @@ class LevelInfo(Frozen):
         setter(self, "swap_limit", swap_limit)
         setter(self, "swap_usage", swap_usage)
         setter(self, "hidden", hidden)
+        setter(self, "kind", kind)
+        setter(self, "slurm_role", slurm_role)
+        setter(self, "slurm_id", slurm_id)
 
 
 class Snapshot(Frozen):
     __slots__ = _fields = ("total", "limited", "levels", "host", "status", "resolution",
-                           "expires", "pending", "trusted", "generation", "uncached")
+                           "expires", "pending", "trusted", "generation", "uncached", "process")
     total: int
     # (None, limit, usage fd, stat fd, b"\n<memory.stat key> ") of each limited level: all the
     # hot path needs (None: "usage not read yet", see Monitor.available_memory)
@@ -133,12 +146,16 @@ class Snapshot(Frozen):
     # True: available_memory() reads every level anew (a closed monitor, or a limited level
     # whose usage files could not be opened: it must not drop out of the minimum)
     uncached: bool
+    # limits on the process that no cgroup enforces (RLIMIT_AS/DATA, a Slurm job's declared
+    # --mem), read with the snapshot: available_memory() reads /proc/self/statm only if any
+    process: tuple[ProcessLimit, ...]
 
     def __init__(self, total: int, limited: tuple[HeadroomSource, ...], levels: tuple[Level, ...],
                  host: HostMemory, status: Status, resolution: discovery.Resolution,
                  expires: Optional[float],
                  pending: Optional[Callable[[float], list[tuple[int, int]]]] = None,
-                 trusted: bool = False, generation: int = 0, uncached: bool = False) -> None:
+                 trusted: bool = False, generation: int = 0, uncached: bool = False,
+                 process: tuple[ProcessLimit, ...] = ()) -> None:
         setter(self, "total", total)
         setter(self, "limited", limited)
         setter(self, "levels", levels)
@@ -150,6 +167,7 @@ class Snapshot(Frozen):
         setter(self, "trusted", trusted)
         setter(self, "generation", generation)
         setter(self, "uncached", uncached)
+        setter(self, "process", process)
 
 
 def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, mode: str,
@@ -165,14 +183,21 @@ def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, m
                 and lvl.kept.has(names.STAT):
             limited.append((None, lvl.limit, lvl.kept.fd(usage_name), lvl.kept.fd(names.STAT),
                             key))
-    total = min([host.total] + [lvl.limit for lvl in levels if lvl.limit is not None])
+    cgroup_limits = [lvl.limit for lvl in levels if lvl.limit is not None]
+    process, process_problem = _process_limits(cgroup_limits)
+    # A Slurm job's declared --mem counts in total_memory() (rlimits limit mappings, not
+    # memory: they count in available_memory() only)
+    total = min([host.total] + cgroup_limits
+                + [p.limit for p in process if p.kind == proclimits.SLURM])
     blind = sum(1 for lvl in levels if lvl.limit is not None) > len(limited)
-    problems = [lvl.problem for lvl in levels if lvl.problem]
+    problems = [lvl.problem for lvl in levels if lvl.problem] + [process_problem]
+    problems += [f"{p.label} counted in total_memory(): {p.note.split(';')[0]}"
+                 for p in process if p.kind == proclimits.SLURM]
     reason = "; ".join(r for r in (reason, *problems) if r)
     status = Status(mode, reason, res.version, res.cgroup_path, res.directory, host.source,
                     above=_above(res, levels))
     return Snapshot(total, tuple(limited), levels, host, status, res, expires,
-                    generation=generation, uncached=blind)
+                    generation=generation, uncached=blind, process=process)
 
 
 def _above(res: discovery.Resolved, levels: tuple[Level, ...]) -> str:
@@ -193,9 +218,21 @@ def _above(res: discovery.Resolved, levels: tuple[Level, ...]) -> str:
     return ""
 
 
+def _process_limits(cgroup_limits: Sequence[int]) -> tuple[tuple[ProcessLimit, ...], str]:
+    """The limits on the process that no cgroup enforces, and why none could be read ("")."""
+    try:
+        return read_process_limits(os.environ, cgroup_limits), ""
+    except Exception as e:  # noqa: BLE001 - a snapshot must be made (EMFILE on a lazy import)
+        return (), f"rlimits and a Slurm job's declared limit not read: {e}"
+
+
 def host_only(res: discovery.Unresolved, host: HostMemory, generation: int) -> Snapshot:
-    status = Status(HOST, res.reason, None, None, None, host.source)
-    return Snapshot(host.total, (), (), host, status, res, None, generation=generation)
+    process, problem = _process_limits(())
+    reason = "; ".join(r for r in (res.reason, problem) if r)
+    status = Status(HOST, reason, None, None, None, host.source)
+    total = min([host.total] + [p.limit for p in process if p.kind == proclimits.SLURM])
+    return Snapshot(total, (), (), host, status, res, None, generation=generation,
+                    process=process)
 
 
 def without_descriptors(snap: Snapshot, reason: str, expires: float) -> Snapshot:
@@ -212,7 +249,7 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
     (`headroom.binding_levels`: a level binds only where the host does not bind tighter)."""
     res = snap.resolution
     if not isinstance(res, discovery.Resolved):
-        return []
+        return _marked(snap, _process_levels(snap))
     fnames = FileNames.for_version(res.version)
     reads = []
     for lvl in snap.levels:
@@ -237,11 +274,53 @@ def read_levels(snap: Snapshot) -> list[LevelInfo]:
         reads.append(LevelInfo(lvl.cgroup_path, lvl.directory, lvl.limit, usage, inactive,
                                room, False, False, problem, high, high_room, swap_limit,
                                swap_usage, lvl.hidden))
+    return _marked(snap, _slurm_roles(reads) + _process_levels(snap))
+
+
+def _marked(snap: Snapshot, reads: list[LevelInfo]) -> list[LevelInfo]:
+    """`reads` with binds_total and binds_available set (`headroom.binding_levels`)."""
+    # rlimits bound mappings, not memory: never total_memory()
     total_at, available_at = binding_levels(
-        [r.limit for r in reads], [r.headroom for r in reads], snap.host.total,
+        [r.limit if r.kind in ("cgroup", proclimits.SLURM) else None for r in reads],
+        [r.headroom for r in reads], snap.host.total,
         _host_available(snap.host) if any(r.headroom is not None for r in reads) else None)
     return [replace(info, binds_total=i == total_at, binds_available=i == available_at)
             for i, info in enumerate(reads)]
+
+
+def _slurm_roles(reads: list[LevelInfo]) -> list[LevelInfo]:
+    """The levels with the Slurm job's and step's marked (a path that is not Slurm's: as is)."""
+    if not reads:
+        return reads
+    from .slurm import parse_slurm_cgroup  # not at import: it compiles regular expressions
+
+    place = parse_slurm_cgroup(reads[0].cgroup_path)
+    if place is None:
+        return reads
+    out = []
+    for info in reads:
+        role = place.role(info.cgroup_path)
+        out.append(info if role is None else replace(
+            info, slurm_role=role, slurm_id=str(place.job) if role == "job" else place.step_id))
+    return out
+
+
+def _process_levels(snap: Snapshot) -> list[LevelInfo]:
+    """A level for each limit on the process that no cgroup enforces, read now."""
+    if not snap.process:
+        return []
+    problem: Optional[str] = None
+    try:
+        used = proclimits.rooms(snap.process, proclimits.read_statm())
+    except (OSError, ValueError) as e:
+        used, problem = [], str(e)
+    out = []
+    for i, lim in enumerate(snap.process):
+        usage, room = used[i] if used else (None, None)
+        out.append(LevelInfo(lim.label, proclimits.STATM, lim.limit, usage, None, room,
+                             False, False, problem or lim.note, kind=lim.kind))
+    return out
+
 
 
 def _host_available(host: HostMemory) -> Optional[int]:

@@ -8,7 +8,16 @@ from typing import Any, Optional
 
 import pytest
 
-from cgwatch.cli.explain import Above, Culprit, Report, explain, find_culprit
+from cgwatch.cli.explain import (
+    Above,
+    Culprit,
+    Report,
+    SlurmJob,
+    explain,
+    explain_rlimit,
+    explain_sampled,
+    find_culprit,
+)
 from cgwatch.cli.run import exit_status
 from cgwatch.event import Event
 
@@ -144,3 +153,87 @@ def test_explain_a_limit_that_cannot_be_seen() -> None:
     assert "raising this container's own limit would not help" in text
     assert Report("x", 1, None, (), None, None, "").cause == "host"
     assert Report("x", 1, None, (), CULPRIT, None, "").cause == "limit"
+
+
+# ---- Slurm (layouts of Debian's slurm-wlm 22.05.8, ../shared/slurm/NOTES.md) -------------------
+
+V1_JOB = "/slurm_vm/uid_0/job_4"
+V1_STEP = V1_JOB + "/step_0"
+V2_JOB = "/system.slice/vm_slurmstepd.scope/job_4"
+V2_STEP_USER = V2_JOB + "/step_0/user"
+SLURM_V1 = SlurmJob(4, "0", "--mem=256M", 256 * MiB, True, V1_JOB, V1_STEP)
+SLURM_V2 = SlurmJob(4, "0", "--mem=256M", 256 * MiB, True, V2_JOB, V2_STEP_USER)
+SAMPLED = SlurmJob(5, "0", "--mem=300M", 300 * MiB, False, None, None)
+
+
+@pytest.mark.parametrize("events, expected", [
+    # v1 task/cgroup: --mem on job_J and step_S (same value); the kill is counted in task_T;
+    # the OOM notification reaches the job (where the charge failed first) and everything below
+    ([ev("oom_kill", 0, V1_STEP + "/task_0"), ev("oom", 0, V1_STEP + "/task_0"),
+      ev("oom", 1, V1_STEP, limit=256 * MiB), ev("oom", 2, V1_JOB, limit=256 * MiB),
+      ev("failcnt", 2, V1_JOB, 0, 40, limit=256 * MiB)],
+     Culprit(V1_JOB, "/sys/fs/cgroup" + V1_JOB, 256 * MiB, True)),
+    # v1 without eventfd: both job and step counted failcnt: the deepest, uncertain
+    ([ev("oom_kill", 0, V1_STEP + "/task_0"), ev("failcnt", 1, V1_STEP, 0, 3, limit=256 * MiB),
+      ev("failcnt", 2, V1_JOB, 0, 40, limit=256 * MiB)],
+     Culprit(V1_STEP, "/sys/fs/cgroup" + V1_STEP, 256 * MiB, False)),
+    # v2: memory.max on job_J and step_S/user; the local oom rose at step_S/user
+    ([ev("oom_kill", 0, V2_STEP_USER + "/task_0", version=2),
+      ev("oom", 1, V2_STEP_USER, limit=256 * MiB, version=2, local_old=0, local_new=1),
+      ev("oom", 3, V2_JOB, limit=256 * MiB, version=2, local_old=0, local_new=0,
+         propagated=True)],
+     Culprit(V2_STEP_USER, "/sys/fs/cgroup" + V2_STEP_USER, 256 * MiB, True)),
+])
+def test_find_culprit_in_slurm_jobs(events: list[Event], expected: Culprit) -> None:
+    assert find_culprit(events, None, 4) == expected
+
+
+def test_explain_in_a_slurm_job_names_job_step_and_mem() -> None:
+    for slurm, culprit, role in (
+            (SLURM_V1, Culprit(V1_JOB, "/sys/fs/cgroup" + V1_JOB, 256 * MiB, True), "[job 4]"),
+            (SLURM_V2, Culprit(V2_STEP_USER, "/d", 256 * MiB, True), "[step 4.0]")):
+        report = Report("python", 137, signal.SIGKILL,
+                        (ev("oom_kill", 0, "/t", limit=None),), culprit, 250 * MiB,
+                        "memory.max_usage_in_bytes", slurm=slurm)
+        text = flat(explain(report))
+        assert role in text
+        assert "job 4, step 4.0, --mem=256M" in text
+        assert "sacct -j 4 -o JobID,MaxRSS,ReqMem,State" in text
+        assert "--mem=" in text and "docker" not in text
+
+
+@pytest.mark.parametrize("sig, status, kills, slurm, says", [
+    (signal.SIGKILL, 137, 0, SAMPLED, True),  # the sampled kill, seen on 22.05
+    (None, 137, 0, SAMPLED, True),  # `cgwatch run -- srun ...`: srun exits 137 (22.05)
+    (signal.SIGKILL, 137, 1, SAMPLED, False),  # an OOM kill was counted: the kernel did it
+    (signal.SIGKILL, 137, 0, SLURM_V1, False),  # a cgroup enforces --mem: not sampling
+    (signal.SIGTERM, 143, 0, SAMPLED, False),  # time limit / scancel: SIGTERM first
+    (None, 1, 0, SAMPLED, False),
+    (signal.SIGKILL, 137, 0, None, False),  # not in a job
+    (signal.SIGKILL, 137, 0, SlurmJob(6, "0", None, None, False), False),  # nothing declared
+])
+def test_explain_sampled(sig: Optional[int], status: int, kills: int,
+                         slurm: Optional[SlurmJob], says: bool) -> None:
+    text = explain_sampled("python", status, sig, kills, slurm)
+    assert (text is not None) == says
+    if text is not None:
+        assert "slurmstepd's memory sampling" in flat(text)
+        assert "sacct -j 5" in flat(text) and "--mem=300M" in flat(text)
+
+
+@pytest.mark.parametrize("status, sig, rlimits, says", [
+    (1, None, [("RLIMIT_AS", 1 << 30)], True),  # Python: uncaught MemoryError exits 1
+    (134, signal.SIGABRT, [("RLIMIT_AS", 1 << 30)], True),  # C++: uncaught std::bad_alloc
+    (1, None, [("RLIMIT_DATA", 1 << 30)], True),
+    (1, None, [], False),  # no limit: exit 1 says nothing
+    (0, None, [("RLIMIT_AS", 1 << 30)], False),
+    (2, None, [("RLIMIT_AS", 1 << 30)], False),
+    (137, signal.SIGKILL, [("RLIMIT_AS", 1 << 30)], False),  # not how an rlimit ends a process
+])
+def test_explain_rlimit(status: int, sig: Optional[int], rlimits: list[tuple[str, int]],
+                        says: bool) -> None:
+    text = explain_rlimit("python", status, sig, rlimits)
+    assert (text is not None) == says
+    if text is not None:
+        assert "MemoryError or std::bad_alloc" in flat(text)
+        assert ("ulimit -v" if rlimits[0][0] == "RLIMIT_AS" else "ulimit -d") in flat(text)

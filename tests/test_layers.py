@@ -50,6 +50,7 @@ LAYER = {
     "cgwatch.event": "pure rules",
     "cgwatch.headroom": "pure rules",
     "cgwatch.envswitch": "pure rules",
+    "cgwatch.slurm": "pure rules",
     "cgwatch.forecast": "pure rules",
     "cgwatch.policy": "pure rules",
     "cgwatch.trends": "pure rules",
@@ -62,6 +63,7 @@ LAYER = {
     "cgwatch.inotify": "I/O edges",
     "cgwatch.notify": "I/O edges",
     "cgwatch.quota": "I/O edges",
+    "cgwatch.proclimits": "I/O edges",
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.

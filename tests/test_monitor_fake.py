@@ -338,3 +338,39 @@ def test_memory_high_and_swap_are_shown_and_throttle_headroom(host: FakeHost,
     # total_memory() and available_memory() keep their meaning
     assert m.total_memory() == 512 * MiB
     assert m.available_memory() == 512 * MiB - 250 * MiB
+
+
+def test_levels_name_the_slurm_job_and_step(host: FakeHost) -> None:
+    """Slurm 22.05's v1 layout (task/cgroup: --mem on job_J and step_S, not on task_T)."""
+    job = "/slurm_vm/uid_0/job_4"
+    host.make_path({"/slurm_vm": None, "/slurm_vm/uid_0": None, job: 256 * MiB,
+                    job + "/step_0": 256 * MiB, job + "/step_0/task_0": None})
+    host.move_to(job + "/step_0/task_0")
+    with Monitor(host.root, thread=False) as m:
+        roles = [(lvl.cgroup_path, lvl.slurm_role, lvl.slurm_id, lvl.kind) for lvl in m.levels()]
+    assert roles[:4] == [(job + "/step_0/task_0", None, None, "cgroup"),
+                         (job + "/step_0", "step", "4.0", "cgroup"),
+                         (job, "job", "4", "cgroup"),
+                         ("/slurm_vm/uid_0", None, None, "cgroup")]
+
+
+def test_a_declared_slurm_limit_no_cgroup_enforces(host: FakeHost,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """OverMemoryKill without ConstrainRAMSpace: no cgroup limit, --mem=300M in the
+    environment (sbatch exports SLURM_MEM_PER_NODE). It counts in total_memory(), bounds
+    available_memory() and is a level of its own; status says it is declared."""
+    host.make_path({"/slurm_vm": None, "/slurm_vm/uid_0": None})
+    host.move_to("/slurm_vm/uid_0")
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_MEM_PER_NODE", "300")
+    with Monitor(host.root, thread=False) as m:
+        assert m.total_memory() == 300 * MiB
+        assert 0 < m.available_memory() < 300 * MiB  # minus this process's VmRSS
+        declared = [lvl for lvl in m.levels() if lvl.kind == "slurm"]
+        assert "declared, not enforced by a cgroup" in m.status.reason
+    assert [(lvl.limit, lvl.binds_total) for lvl in declared] == [(300 * MiB, True)]
+    # a cgroup limit at or below it enforces it: no level of its own
+    host.set_limit("/slurm_vm/uid_0", 300 * MiB)
+    with Monitor(host.root, thread=False) as m:
+        assert [lvl for lvl in m.levels() if lvl.kind == "slurm"] == []
+        assert "declared" not in m.status.reason

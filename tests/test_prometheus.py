@@ -369,3 +369,24 @@ def test_forecast_gauges_appear_after_enough_scrapes(job: FakeHost, opened: list
     assert value(samples, exporter.GROWTH_METRIC, cgroup="/a") == 0.0
     assert value(samples, exporter.GROWTH_METRIC, cgroup="/a/b") is None  # no limit
     assert exporter.SECONDS_TO_LIMIT_METRIC not in names_of(samples)
+
+
+def test_slurm_job_labels_on_the_info_metric(host: FakeHost, opened: list[Any]) -> None:
+    """A process in a Slurm job's cgroups (v1 and v2 layouts of Slurm 22.05): the info metric
+    carries slurm_job and slurm_step (not `job`, which Prometheus sets on every target)."""
+    if host.version == 1:
+        job_path = "/slurm_vm/uid_0/job_4"
+        host.make_path({"/slurm_vm": None, "/slurm_vm/uid_0": None, job_path: 256 * MiB,
+                        job_path + "/step_0": 256 * MiB, job_path + "/step_0/task_0": None})
+        leaf = job_path + "/step_0/task_0"
+    else:
+        job_path = "/system.slice/vm_slurmstepd.scope/job_4"
+        host.make_path({"/system.slice": None, "/system.slice/vm_slurmstepd.scope": None,
+                        job_path: 256 * MiB, job_path + "/step_0": None,
+                        job_path + "/step_0/user": 256 * MiB,
+                        job_path + "/step_0/user/task_0": None})
+        leaf = job_path + "/step_0/user/task_0"
+    host.move_to(leaf)
+    samples, _ = scrape(monitor_of(host, opened))
+    assert value(samples, "cgwatch_monitor_info", mode="watching", version=str(host.version),
+                 cgroup=leaf, slurm_job="4", slurm_step="4.0") == 1

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import signal
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
 from ..event import Event
 from ..shm import ShmUsage
+from ..snapshot import LevelInfo
 from ..units import human_bytes
 
 KILL_COUNTERS = ("oom_kill", "oom_group_kill")
@@ -39,6 +40,60 @@ class Culprit:
 
 
 @dataclass(frozen=True)
+class SlurmJob:
+    """The Slurm job (and step) CMD ran in, and the memory it asked for."""
+
+    job: int
+    step: Optional[str]  # "0", "batch"; None: not in a step's cgroup
+    option: Optional[str]  # "--mem=256M", "--mem-per-cpu=100M (x 2 CPUs)"; None: not known
+    declared: Optional[int]  # the declared limit (bytes), None: not known
+    enforced: bool  # a cgroup limit on the path is at or below it (task/cgroup)
+    job_cgroup: Optional[str] = None  # the job's and the step's levels (slurm.SlurmPlace)
+    step_cgroup: Optional[str] = None
+
+    @property
+    def step_id(self) -> str:
+        return f"{self.job}.{self.step}" if self.step is not None else str(self.job)
+
+    def as_dict(self) -> dict[str, object]:
+        """The JSON form (`cgwatch --json` and `cgwatch run --json`); `enforced_by_cgroup`
+        is None when nothing was declared."""
+        return {"job": self.job, "step": self.step, "declared_limit": self.declared,
+                "option": self.option,
+                "enforced_by_cgroup": self.enforced if self.declared is not None else None,
+                "job_cgroup": self.job_cgroup, "step_cgroup": self.step_cgroup}
+
+    def role(self, cgroup_path: str) -> str:
+        """" [job J]" / " [step J.S]" for the job's and step's cgroups, else ""."""
+        if cgroup_path == self.job_cgroup:
+            return f" [job {self.job}]"
+        if self.step_cgroup is not None and cgroup_path in (
+                self.step_cgroup, self.step_cgroup.removesuffix("/user")):
+            return f" [step {self.step_id}]"
+        return ""
+
+
+def slurm_job(cgroup_path: Optional[str], environ: Mapping[str, str],
+              levels: Sequence[LevelInfo]) -> Optional[SlurmJob]:
+    """The Slurm job this process runs in (None outside one), from its cgroup path and
+    environment (slurm.py), and whether a cgroup limit on the path enforces what it declared."""
+    from ..slurm import from_environ, parse_slurm_cgroup
+
+    place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
+    declared = from_environ(environ)
+    if place is None and declared is None:
+        return None
+    limit = declared.limit if declared is not None else None
+    enforced = limit is None or any(
+        lvl.kind == "cgroup" and lvl.limit is not None and lvl.limit <= limit for lvl in levels)
+    job = place.job if place is not None else declared.job if declared is not None else 0
+    step = place.step if place is not None else declared.step if declared is not None else None
+    return SlurmJob(job or 0, step, declared.option if declared is not None else None, limit,
+                    enforced, place.job_path if place is not None else None,
+                    place.limit_step_path if place is not None else None)
+
+
+@dataclass(frozen=True)
 class Report:
     command: str  # argv[0] as given
     status: int  # the exit status `cgwatch run` returns (128+N for signal N)
@@ -48,6 +103,7 @@ class Report:
     peak: Optional[int]  # the culprit's peak usage as the kernel reports it
     peak_file: str  # where the peak came from ("" when unknown)
     top: str = ""  # the top visible level's path (where the peak of an "above" culprit is)
+    slurm: Optional[SlurmJob] = None  # the Slurm job CMD ran in
 
     @property
     def cause(self) -> str:
@@ -157,18 +213,90 @@ def explain(report: Report) -> str:
         return _prefixed(lines)
     peak = (f"{human_bytes(report.peak)} ({report.peak_file})" if report.peak is not None
             else "not reported by this kernel")
+    role = report.slurm.role(c.cgroup_path) if report.slurm is not None else ""
     lines += [
-        f"  cgroup      {c.cgroup_path}" + ("" if c.certain else
-                                             " (the deepest of several that hit a limit)"),
+        f"  cgroup      {c.cgroup_path}{role}" + ("" if c.certain else
+                                                   " (the deepest of several that hit a limit)"),
         f"  limit       {human_bytes(c.limit)}"
         + (f" ({c.limit} bytes)" if c.limit is not None else ""),
         f"  peak usage  {peak}",
         kills_line,
     ]
+    if report.slurm is not None:
+        lines += _wrap(_slurm_line(report.slurm))
+        lines += _wrap(_slurm_advice(report.slurm, cmd))
+        return _prefixed(lines)
     lines += _wrap(f"what to do: raise that cgroup's memory limit (docker run --memory, "
                    f"Kubernetes resources.limits.memory, systemd MemoryMax=) or make {cmd} "
                    "use less memory (smaller batches, fewer worker processes); a program can "
                    "call cgwatch.available_memory() to learn how much it may still allocate.")
+    return _prefixed(lines)
+
+
+def _slurm_line(slurm: SlurmJob) -> str:
+    asked = slurm.option or ("no SLURM_MEM_* in its environment (a plain srun --mem "
+                             "exports none): the job's cgroup limit is what it asked for")
+    step = f"step {slurm.step_id}" if slurm.step is not None else "no step of its own"
+    return f"  slurm       job {slurm.job}, {step}, {asked}"
+
+
+def _slurm_advice(slurm: SlurmJob, cmd: str) -> str:
+    """What helps inside a Slurm job: ask for more, and see what each step used."""
+    return (f"what to do: ask Slurm for more memory (sbatch/srun --mem=..., or --mem-per-cpu) "
+            f"or make {cmd} use less (smaller batches, fewer worker processes); "
+            f"`sacct -j {slurm.job} -o JobID,MaxRSS,ReqMem,State` shows what each step used "
+            f"and asked for (with accounting enabled); a program can call "
+            f"cgwatch.available_memory() to learn how much it may still allocate.")
+
+
+def explain_sampled(cmd: str, status: int, sig: Optional[int], oom_kills: int,
+                    slurm: Optional[SlurmJob]) -> Optional[str]:
+    """The lines for CMD killed by slurmstepd's memory sampling, or None when the evidence
+    does not say so. Slurm's jobacct_gather with `JobAcctGatherParams=OverMemoryKill` polls
+    the step's processes and SIGKILLs the step when their summed RSS passes the declared
+    limit ("exceeded memory limit (948035584 > 314572800), being killed", seen on 22.05):
+    the evidence is CMD dying of SIGKILL, no OOM kill counted on its path, in a job whose
+    declared limit no cgroup enforces. Still only the likeliest reading (`scancel -s KILL`
+    looks the same), and said so. CMD may be `srun` itself, which exits 137 when its task
+    was SIGKILLed: the sampling kills every process of the step, so a `cgwatch run` inside
+    the killed step dies with it and only one wrapping the `srun` can tell."""
+    # srun passes its SIGKILLed task's 137 on as its own exit status (seen on 22.05)
+    killed = sig == signal.SIGKILL or (sig is None and status == 128 + signal.SIGKILL)
+    if not killed or oom_kills or slurm is None or slurm.enforced or slurm.declared is None:
+        return None
+    lines = _wrap(
+        f"{cmd} ended by SIGKILL (exit status {status}) with no OOM kill counted on its "
+        f"cgroup path, in Slurm job {slurm.job} whose {slurm.option} no cgroup enforces: most "
+        f"likely slurmstepd's memory sampling killed the step for passing "
+        f"{human_bytes(slurm.declared)} (JobAcctGatherParams=OverMemoryKill; the job's "
+        f"stderr says \"exceeded memory limit\"). It counts the RSS of every process of the "
+        f"step, shared pages once per process.")
+    lines += _wrap(_slurm_line(slurm))
+    lines += _wrap(_slurm_advice(slurm, cmd))
+    return _prefixed(lines)
+
+
+def explain_rlimit(cmd: str, status: int, sig: Optional[int],
+                   rlimits: Sequence[tuple[str, int]]) -> Optional[str]:
+    """The lines for CMD that failed while it ran under RLIMIT_AS/RLIMIT_DATA, or None.
+
+    A process at its RLIMIT_AS gets ENOMEM from mmap/brk (mm/mmap.c `may_expand_vm()`):
+    Python raises MemoryError and, uncaught, exits with status 1; C++ throws std::bad_alloc,
+    which uncaught aborts (SIGABRT, 134). cgwatch does not read CMD's stderr (it adds nothing
+    to CMD's output), so exit status 1 or SIGABRT under such a limit is named as a likely
+    cause, not a certain one."""
+    if not rlimits or not (status == 1 or sig == signal.SIGABRT):
+        return None
+    shell = {"RLIMIT_AS": "ulimit -v", "RLIMIT_DATA": "ulimit -d"}
+    limits = ", ".join(f"{name}={human_bytes(value)} ({shell.get(name, name)})"
+                       for name, value in rlimits)
+    how = "died of SIGABRT" if sig == signal.SIGABRT else "exited with status 1"
+    lines = _wrap(
+        f"{cmd} {how} while it ran under {limits}: if its last error was "
+        f"MemoryError or std::bad_alloc (\"Cannot allocate memory\"), that limit on its address "
+        f"space was reached, not a memory limit: it counts every mapping (VmSize), used or "
+        f"not. What to do: raise it (ulimit -v unlimited; Slurm passes the submitting shell's "
+        f"to the job: srun --propagate=NONE; Grid Engine h_vmem, PBS vmem) or map less.")
     return _prefixed(lines)
 
 

@@ -19,6 +19,10 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   of rises, their total and the first and last event. `-v` coalesces bursts (coalesce.py).
 - /dev/shm is sampled every 0.25 s; CMD dying of SIGBUS (or failing) while it was over 90%
   full is explained (explain.py `explain_shm`).
+- Inside a Slurm job the explanation names the job, the step and the --mem it asked for, and
+  advises --mem and sacct. Without an OOM kill: a SIGKILL (or srun's 137) in a job whose
+  declared --mem no cgroup enforces is named as slurmstepd's sampling (OverMemoryKill); exit
+  status 1 or SIGABRT under RLIMIT_AS/RLIMIT_DATA as a likely MemoryError / std::bad_alloc.
 - `--json` / `--report FILE`: the report as one JSON object (report_json) on stderr / in
   FILE. The killed process is named (pid, command) only when it is CMD itself, killed by
   SIGKILL while an `oom_kill` was counted: the kernel log that names other victims is not
@@ -56,7 +60,19 @@ from ..monitor import Monitor
 from ..shm import ShmUsage, shm_usage
 from ..snapshot import LevelInfo
 from .coalesce import Coalescer, rises_suffix
-from .explain import KILL_COUNTERS, Above, Report, explain, explain_shm, find_culprit, signal_name
+from .explain import (
+    KILL_COUNTERS,
+    Above,
+    Report,
+    SlurmJob,
+    explain,
+    explain_rlimit,
+    explain_sampled,
+    explain_shm,
+    find_culprit,
+    signal_name,
+    slurm_job,
+)
 from .format import format_item
 from .runlog import RunLog
 
@@ -90,8 +106,20 @@ def _vmstat_oom_kills(root: str) -> Optional[int]:
     return values.parse_flat_keyed(text).get("oom_kill")
 
 
+def _rlimits() -> list[tuple[str, int]]:
+    """The soft RLIMIT_AS/RLIMIT_DATA that CMD inherits from us, where set."""
+    import resource
+
+    out = []
+    for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+        soft = resource.getrlimit(getattr(resource, name))[0]
+        if soft != resource.RLIM_INFINITY:
+            out.append((name, soft))
+    return out
+
+
 def build_report(command: str, returncode: int, seen: list[Item],
-                 monitor: Monitor) -> Optional[Report]:
+                 monitor: Monitor, slurm: Optional[SlurmJob] = None) -> Optional[Report]:
     """The report to print, or None when no OOM kill touched the path. `seen`: the events
     (RunLog.events() gives one merged Event per counter and level)."""
     events = [e for e in seen if isinstance(e, Event)]
@@ -114,7 +142,7 @@ def build_report(command: str, returncode: int, seen: list[Item],
         peak, peak_file = _peak(culprit.directory, version)
     sig = -returncode if returncode < 0 else None
     return Report(command, exit_status(returncode), sig, tuple(kills), culprit, peak, peak_file,
-                  top)
+                  top, slurm)
 
 
 def _above(levels: list[LevelInfo], above: str) -> Optional[Above]:
@@ -194,7 +222,8 @@ def run_command(args: argparse.Namespace) -> int:
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
-        report = build_report(name, returncode, list(runlog.events()), monitor)
+        slurm = slurm_job(monitor.status.cgroup_path, os.environ, monitor.levels())
+        report = build_report(name, returncode, list(runlog.events()), monitor, slurm)
         if report is None and returncode == -signal.SIGKILL:
             after = _vmstat_oom_kills(args.root)
             if host_kills_before is not None and after is not None \
@@ -204,13 +233,18 @@ def run_command(args: argparse.Namespace) -> int:
                              "this host, none counted on this cgroup path (see `dmesg` for "
                              "'Killed process')")
         available = monitor.available_memory()
-    shm_text = explain_shm(name, exit_status(returncode),
-                           -returncode if returncode < 0 else None, shm.peak, available)
+    sig = -returncode if returncode < 0 else None
+    shm_text = explain_shm(name, exit_status(returncode), sig, shm.peak, available)
+    # Other causes, when no OOM kill explains the end (the evidence each needs: explain.py)
+    if report is None and host_note is None:
+        shm_text = shm_text or explain_sampled(name, exit_status(returncode), sig, 0, slurm) \
+            or explain_rlimit(name, exit_status(returncode), sig, _rlimits())
     fired = guarding.fired if guarding is not None else None
     status = guarded_status(returncode, fired, guarding.signum if guarding else None)
     if args.json or args.report:
         data = report_json(command, pid, returncode, report, runlog, shm.peak, shm.last,
                            shm_text, host_note)
+        data["slurm"] = None if slurm is None else slurm.as_dict()
         if guarding is not None:
             data["exit_status"] = status
             data["guard"] = None if fired is None else {

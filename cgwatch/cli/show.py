@@ -6,8 +6,10 @@ available memory (JSON: always, with `limits` saying whether it is)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from .. import trends
@@ -15,6 +17,7 @@ from ..forecast import Trend
 from ..headroom import throttle_headroom
 from ..monitor import Monitor
 from ..shm import shm_limits, shm_usage
+from ..snapshot import LevelInfo
 from ..units import human_bytes
 
 SAMPLES_PER_BUCKET = 4  # --sample reads the levels 4 times a bucket: the peak is each bucket's
@@ -70,7 +73,18 @@ def report(monitor: Monitor, root: str = "/",
                    "above": status.above},
         "levels": [lvl.as_dict() for lvl in levels],
         "forecast": forecast,
+        "slurm": slurm_report(status.cgroup_path, os.environ, levels),
     }
+
+
+def slurm_report(cgroup_path: Optional[str], environ: Mapping[str, str],
+                 levels: Sequence[LevelInfo]) -> Optional[dict[str, Any]]:
+    """The Slurm job this process is in (None outside one): ids, what it declared, and
+    whether a cgroup enforces it (None: nothing declared)."""
+    from .explain import slurm_job
+
+    job = slurm_job(cgroup_path, environ, levels)
+    return None if job is None else job.as_dict()
 
 
 def format_table(data: dict[str, Any]) -> str:
@@ -100,7 +114,10 @@ def format_table(data: dict[str, Any]) -> str:
     rows = [header]
     for lvl in levels:
         mark = ("T" if lvl["binds_total"] else " ") + ("A" if lvl["binds_available"] else " ")
-        rows.append((mark, lvl["cgroup_path"], human_bytes(lvl["limit"]),
+        name = lvl["cgroup_path"]
+        if lvl.get("slurm_role"):
+            name += f"  [{lvl['slurm_role']} {lvl['slurm_id']}]"
+        rows.append((mark, name, human_bytes(lvl["limit"]),
                      human_bytes(lvl["usage"]), human_bytes(lvl["inactive_file"]),
                      human_bytes(lvl["headroom"]),
                      *(_cell(key, lvl.get(key)) for key, _ in extra)))
@@ -122,6 +139,17 @@ def format_table(data: dict[str, Any]) -> str:
     marks = {m for r in rows[1:] for m in r[0] if m != " "}
     if marks:
         lines.append("   ".join(text for mark, text in LEGEND.items() if mark in marks))
+    for lvl in levels:
+        if lvl.get("kind", "cgroup") != "cgroup" and lvl.get("problem"):
+            lines.append(f"{lvl['cgroup_path']}: {lvl['problem']}")
+    slurm = data.get("slurm")
+    if slurm:
+        job = f"Slurm job {slurm['job']}" + (f", step {slurm['job']}.{slurm['step']}"
+                                             if slurm["step"] is not None else "")
+        if slurm["option"]:
+            job += f", {slurm['option']}" + ("" if slurm["enforced_by_cgroup"] else
+                                             " (declared, not enforced by a cgroup)")
+        lines.append(job)
     lines.append(f"total_memory:     {human_bytes(data['total_memory'])} "
                  f"({data['total_memory']} bytes)")
     lines.append(f"available_memory: {human_bytes(data['available_memory'])} "

@@ -1,0 +1,157 @@
+"""Internal. Where a Slurm job runs, from its cgroup path and its environment: pure, nothing
+is read.
+
+Slurm's `task/cgroup` plugin puts `--mem` on the job's and the step's cgroups, never on the
+task's, so a process's own (leaf) cgroup has no limit and the one that kills it sits one or
+two levels up. Slurm 22.05 (Debian's slurm-wlm 22.05.8, checked on kernel 6.18 here and in the
+project's v2 VM) makes these paths (NODE: the node name, present when slurmd is built with
+MULTIPLE_SLURMD, as Debian's is):
+
+- cgroup v1 (memory hierarchy): `/slurm[_NODE]/uid_U/job_J/step_S/task_T`; the limit is on
+  job_J and step_S (`memory.limit_in_bytes`), slurmstepd sits in step_S.
+- cgroup v2: `/system.slice/[NODE_]slurmstepd.scope/job_J/step_S/user/task_T`; the limit is on
+  job_J and step_S/user (`memory.max` and `memory.high`), slurmstepd sits in step_S/slurm.
+
+S is a number or `batch`, `extern`, `interactive`. The path may carry a prefix (a site's own
+slice, or a cgroup of ours when slurmd is confined below it), so the pattern is looked for
+anywhere in it, anchored at a path component.
+
+The environment gives what was asked for: `SLURM_MEM_PER_NODE` (`--mem`) or
+`SLURM_MEM_PER_CPU` (`--mem-per-cpu`, times `SLURM_CPUS_ON_NODE`), in MiB. sbatch and salloc
+export them to the job and its steps; a plain `srun --mem` sets neither (seen on 22.05), and
+then only the controller knows (`scontrol show job` says `MinMemoryNode=`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from .frozen import Frozen, setter
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Optional
+
+MIB = 1 << 20
+
+_V1 = re.compile(r"(?:^|/)slurm(?:_[^/]+)?/uid_\d+/job_(\d+)(?:/step_([^/]+))?(?:/task_(\d+))?"
+                 r"(?=/|$)")
+_V2 = re.compile(r"(?:^|/)(?:[^/]+_)?slurmstepd\.scope/job_(\d+)"
+                 r"(?:/step_([^/]+)(?:/user(?:/task_(\d+))?|/slurm)?)?(?=/|$)")
+
+
+class SlurmPlace(Frozen):
+    """The job (and step, task) a cgroup path belongs to, and the paths of those levels.
+
+    `job_path`/`step_path` are prefixes of the parsed path; `limit_step_path` is the step
+    level that carries `--mem` (step_S on v1, step_S/user on v2)."""
+
+    __slots__ = _fields = ("job", "step", "task", "job_path", "step_path", "limit_step_path")
+    job: int
+    step: Optional[str]
+    task: Optional[int]
+    job_path: str
+    step_path: Optional[str]
+    limit_step_path: Optional[str]
+
+    def __init__(self, job: int, step: Optional[str] = None, task: Optional[int] = None,
+                 job_path: str = "", step_path: Optional[str] = None,
+                 limit_step_path: Optional[str] = None) -> None:
+        setter(self, "job", job)
+        setter(self, "step", step)
+        setter(self, "task", task)
+        setter(self, "job_path", job_path)
+        setter(self, "step_path", step_path)
+        setter(self, "limit_step_path", limit_step_path)
+
+    @property
+    def step_id(self) -> str:
+        """`J.S` as Slurm prints it (`StepId=4.0`, `4.batch`), or `J` without a step."""
+        return f"{self.job}.{self.step}" if self.step is not None else str(self.job)
+
+    def role(self, cgroup_path: str) -> Optional[str]:
+        """`job`, `step` or None: what the level at `cgroup_path` is for this job. On v2 both
+        step_S and step_S/user are the step (the limit sits on the second)."""
+        if cgroup_path == self.job_path:
+            return "job"
+        if cgroup_path in (self.step_path, self.limit_step_path):
+            return "step"
+        return None
+
+
+def parse_slurm_cgroup(cgroup_path: str) -> Optional[SlurmPlace]:
+    """The Slurm job a cgroup path is in, or None when the path is not Slurm's."""
+    for pattern, v2 in ((_V1, False), (_V2, True)):
+        m = pattern.search(cgroup_path)
+        if m is None:
+            continue
+        start = m.start() + (1 if cgroup_path[m.start()] == "/" else 0)
+        head = cgroup_path[:start]
+        inner = m.group(0).lstrip("/")
+        parts = inner.split("/")
+        # v1: slurm/uid/job; v2: scope/job  (the job level's index in `parts`)
+        j = 2 if not v2 else 1
+        job_path = "/" + "/".join([head.strip("/"), *parts[:j + 1]]).strip("/")
+        step = m.group(2)
+        step_path = limit_path = None
+        if step is not None:
+            step_path = f"{job_path}/step_{step}"
+            limit_path = f"{step_path}/user" if v2 else step_path
+        task = m.group(3)
+        return SlurmPlace(int(m.group(1)), step, None if task is None else int(task),
+                          job_path, step_path, limit_path)
+    return None
+
+
+class Declared(Frozen):
+    """What the job's environment says it asked for (sizes in bytes)."""
+
+    __slots__ = _fields = ("job", "step", "limit", "option", "problem")
+    job: Optional[int]
+    step: Optional[str]
+    limit: Optional[int]  # the node's share: --mem, or --mem-per-cpu x CPUs on the node
+    option: Optional[str]  # how it was asked for: "--mem=300M", "--mem-per-cpu=100M (x 2 CPUs)"
+    problem: Optional[str]  # why a variable present was not used
+
+    def __init__(self, job: Optional[int], step: Optional[str], limit: Optional[int],
+                 option: Optional[str], problem: Optional[str] = None) -> None:
+        setter(self, "job", job)
+        setter(self, "step", step)
+        setter(self, "limit", limit)
+        setter(self, "option", option)
+        setter(self, "problem", problem)
+
+
+def _mib(text: str) -> int:
+    """A whole number of MiB as Slurm exports it ("300"); ValueError otherwise."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"not a number of MiB: {text[:20]!r}")
+    return int(text)
+
+
+def from_environ(environ: Mapping[str, str]) -> Optional[Declared]:
+    """The job and the memory it declared, from its environment; None outside a Slurm job.
+
+    `SLURM_MEM_PER_NODE=0` asks for the whole node (no limit of the job's own)."""
+    job_text = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    if not job_text or not (job_text.isascii() and job_text.isdigit()):
+        return None
+    step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID") or None
+    limit = option = problem = None
+    try:
+        per_node = environ.get("SLURM_MEM_PER_NODE")
+        per_cpu = environ.get("SLURM_MEM_PER_CPU")
+        if per_node is not None:
+            mib = _mib(per_node)
+            if mib:
+                limit, option = mib * MIB, f"--mem={mib}M"
+        elif per_cpu is not None:
+            mib = _mib(per_cpu)
+            cpus = _mib(environ.get("SLURM_CPUS_ON_NODE", ""))
+            if mib and cpus:
+                limit = mib * cpus * MIB
+                option = f"--mem-per-cpu={mib}M (x {cpus} CPU{'s' if cpus > 1 else ''})"
+    except ValueError as exc:
+        problem = str(exc)
+    return Declared(int(job_text), step, limit, option, problem)

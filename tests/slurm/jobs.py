@@ -1,0 +1,61 @@
+"""What the Slurm tier's cases share: running srun and sbatch against the cluster that
+tests/slurm/run started (SLURM_CONF, PATH), and cgwatch inside the jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+MiB = 1 << 20
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON = os.environ.get("SLURM_TIER_PYTHON", "")
+STATE = os.environ.get("SLURM_TIER_STATE", "")
+# A loaded 2-core machine: a job waits up to ~3 s for the previous one's resources (NOTES.md)
+TIMEOUT = 120
+
+if not os.environ.get("SLURM_CONF") or not PYTHON:
+    pytest.skip("run by tests/slurm/run (it starts the cluster)", allow_module_level=True)
+
+
+def srun(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`srun ARGS`, its output as text (cwd: the checkout, so `-m cgwatch` imports it)."""
+    out = subprocess.run(["srun", *args], capture_output=True, text=True, cwd=REPO,
+                         timeout=TIMEOUT)
+    if check and out.returncode != 0:
+        raise AssertionError(f"srun {' '.join(args)}: {out.returncode}\n{out.stderr}")
+    return out
+
+
+def cgwatch_json(*srun_args: str) -> dict[str, Any]:
+    """`cgwatch --json` inside `srun SRUN_ARGS`."""
+    data: dict[str, Any] = json.loads(srun(*srun_args, PYTHON, "-m", "cgwatch", "--json").stdout)
+    return data
+
+
+def sbatch(script: str, *args: str) -> tuple[int, str]:
+    """Run a batch script to its end (`sbatch --wait`); (job id, its output file's text)."""
+    path = os.path.join(STATE, f"batch-{time.monotonic_ns()}.sh")
+    output = path + ".out"
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + script)
+    os.chmod(path, 0o755)
+    out = subprocess.run(["sbatch", "--parsable", "--wait", "-o", output, *args, path],
+                         capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT)
+    job = int(out.stdout.strip().split(";")[0])
+    with open(output) as f:
+        return job, f.read()
+
+
+def level(data: dict[str, Any], role: str) -> dict[str, Any]:
+    """The level of `cgwatch --json` that is the Slurm job's or the step's: v1 has one each;
+    on v2 the step is step_S and step_S/user, and the one with the limit is returned."""
+    found = [lvl for lvl in data["levels"] if lvl["slurm_role"] == role]
+    if len(found) > 1:
+        found = [lvl for lvl in found if lvl["limit"] is not None] or found[:1]
+    assert len(found) == 1, data["levels"]
+    return found[0]
