@@ -270,7 +270,13 @@ class Scanner:
             # Every OOM eventfd first: attribution subtracts the ancestors' counts, so a scan
             # must see all of the notifications one OOM raised, not only the one that woke us.
             self.drain_ooms()
-        reads = [lvl.read() for lvl in self.levels]
+        # The top level first. The kernel raises a v2 counter from the memcg up, one level after
+        # the other (memcg_memory_event(): the memcg, then each parent; 6.1), so a scan that
+        # reads parents before children and sees a parent's rise also sees the child's, which
+        # came first. Read leaf first, a scan that fell between the two increments saw the
+        # parent rise alone and reported it as a rise of its own, before the child's (the VM
+        # tier: 1 run in ~7 failed test_counter_already_nonzero_is_not_reported_later_rise_is).
+        reads = [lvl.read() for lvl in reversed(self.levels)][::-1]
         rose: list[tuple[int, str, str, int, int]] = []
         if version == 1:
             # First, so an OOM reads in its order: the OOM, then the kill it led to.
