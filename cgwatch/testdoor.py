@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from cgwatch import inotify
+from cgwatch import inotify, watchhub
 from cgwatch.integrations import _autoload
 
 if TYPE_CHECKING:
@@ -26,6 +26,20 @@ register_hook = _autoload.register
 arm_hooks = _autoload.arm
 arm_hook = _autoload.arm_hook
 hook_status = _autoload.status  # the live dict: hook name -> status
+
+
+# --- watchhub: the process's one inotify instance -------------------------------------------
+
+
+def forget_inotify_refusals() -> None:
+    """Forget the back-off after a refused creation (watchhub.Hub.start): the refusal a test
+    injected (EMFILE from a patched inotify_init) must not keep the next test's monitors
+    polling for the 0.5-1.5 s the back-off lasts (the fork test failed so, by timing)."""
+    hub = watchhub.HUB
+    with hub.lock:
+        hub._refusals = 0
+        hub._next_try = 0.0
+        hub._refusal = None
 
 
 # --- psutil_view: its process-wide state ----------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cgwatch.envswitch import switch_on
+from cgwatch.testdoor import forget_inotify_refusals
 from tests.cgroup_helpers import writable_reason
 from tests.fake_tree import FakeHost
 
@@ -21,6 +22,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         reason = writable_reason()
         if reason:
             raise pytest.UsageError(f"CGWATCH_REQUIRE_REAL=1 but real cgroups unusable: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def no_inherited_inotify_back_off() -> Iterator[None]:
+    """Each test starts with no back-off from a refusal an earlier test injected: the hub is
+    one per process, so a patched inotify_init's EMFILE otherwise kept the next tests' monitors
+    polling for up to 1.5 s (test_fork_child_gets_fresh_values failed so in CI)."""
+    forget_inotify_refusals()
+    yield
+    forget_inotify_refusals()
 
 
 @pytest.fixture(params=[1, 2], ids=["v1", "v2"])

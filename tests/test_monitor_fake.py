@@ -265,6 +265,7 @@ def test_fork_child_gets_fresh_values(host: FakeHost, opened: list[Monitor]) -> 
     host.make_path({"/a": 4 * GiB, "/a/b": None, "/a/b/c": None})
     m = start(opened, host)
     assert m.total_memory() == 4 * GiB
+    assert m.status.mode == WATCHING  # so the child's WATCHING below is its own new instance
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: no thread was inherited; the limit changes after the fork
