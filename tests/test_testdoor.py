@@ -112,7 +112,9 @@ def violations(path: Path) -> list[str]:
     for code in _embedded_code(tree):
         try:
             found += [f"in a code string, {v}" for v in _accesses(ast.parse(code))]
-        except SyntaxError:  # a shell script or a fragment: read it as text
+        # A shell script or a fragment: read it as text. A string with a NUL byte is one
+        # too: Python 3.9 and 3.10 raise ValueError for it, 3.11+ SyntaxError.
+        except (SyntaxError, ValueError):
             found += [f"in a string, .{m}" for m in re.findall(r"(?<!self)\.(_[A-Za-z]\w*)", code)
                       if m in PRIVATE]
     return found
