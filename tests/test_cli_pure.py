@@ -87,6 +87,15 @@ def test_coalescer_first_at_once_rest_merged_per_second() -> None:
     assert c.flush() == [] and c.next_due() is None
 
 
+def test_coalescer_rises_a_window_apart_are_lines_of_their_own() -> None:
+    # v1's failcnt polled each second, rising at every poll: no line waits, none is merged.
+    c = Coalescer(1.0)
+    for i, now in enumerate([0.0, 1.1, 2.2, 3.3]):
+        rise = ev("failcnt", old=i, new=i + 1)
+        assert c.offer(rise, now) == [(rise, 1)]
+    assert c.flush() == [] and c.next_due() is None
+
+
 def test_coalescer_bounds_lines_in_a_storm() -> None:
     c = Coalescer(1.0)
     lines = []

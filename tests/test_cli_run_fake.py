@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -316,5 +317,15 @@ def test_run_verbose_coalesces_a_burst(host: FakeHost) -> None:
         assert any("rises in 1s]" in line for line in lines), lines
         assert lines[-1].count(" -> 8;") == 1 and sum(" -> 8;" in line for line in lines) == 1
     else:
-        # v1 polls failcnt every second: rises a second apart are each a line of their own
-        assert len(lines) == 3 and not any("rises in" in line for line in lines)
+        # v1 polls failcnt every second, so rises 1.1 s apart are mostly a line each; but on a
+        # loaded machine a late poll sees two writes as one rise (seen in CI's run at load ~6:
+        # "failcnt 0 -> 2", then "2 -> 3"). What cannot vary: every rise is told once, in
+        # order, from 0 to 3, and no line merges a burst. That rises a window apart are never
+        # merged is the Coalescer's, proven with given times in
+        # test_cli_pure.test_coalescer_rises_a_window_apart_are_lines_of_their_own.
+        steps = [re.search(r"\(failcnt (\d+) -> (\d+);", line) for line in lines]
+        assert all(steps), lines
+        chain = [(int(m.group(1)), int(m.group(2))) for m in steps if m]
+        assert chain[0][0] == 0 and chain[-1][1] == 3, lines
+        assert all(a[1] == b[0] for a, b in zip(chain, chain[1:])), lines
+        assert 1 <= len(lines) <= 3 and not any("rises in" in line for line in lines), lines
