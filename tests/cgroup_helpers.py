@@ -66,7 +66,7 @@ def limit_file(version: int) -> str:
     return "memory.max" if version == 2 else "memory.limit_in_bytes"
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     """Whether `condition()` came true within `timeout` seconds (checked every 5 ms)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -156,7 +156,7 @@ class Tree:
             if proc.poll() is None:
                 proc.kill()
             try:
-                proc.communicate(timeout=10)
+                proc.communicate(timeout=60)
             except Exception:
                 pass
         for path in reversed(self.made):

@@ -113,4 +113,4 @@ def test_watch_into_a_closed_pipe_ends_quietly(host: FakeHost) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=10)  # waits, and closes the pipes
+        proc.communicate(timeout=60)  # waits, and closes the pipes

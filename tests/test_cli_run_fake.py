@@ -54,7 +54,7 @@ def _no_process_left() -> Iterator[None]:
         proc = STARTED.pop()
         if proc.poll() is None:
             proc.kill()
-        proc.communicate(timeout=10)
+        proc.communicate(timeout=60)
 
 
 def _default_sigint() -> None:
@@ -131,7 +131,7 @@ def test_run_forwards_sigterm(host: FakeHost) -> None:
     proc = cgwatch(host, "run", "--", "sh", "-c", "echo up; exec sleep 30")
     assert proc.stdout is not None and proc.stdout.readline() == "up\n"
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=10)
+    proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM
 
 
@@ -155,7 +155,7 @@ def test_watch_lines_and_clean_stop(host: FakeHost) -> None:
     assert "ERROR" in line and "cgroup /job: a process was killed by the OOM killer" in line
     assert "(oom_kill 0 -> 2; limit 64.0 MiB" in line
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err == ""
 
 
@@ -175,7 +175,7 @@ def test_watch_json_lines(host: FakeHost) -> None:
     assert (event["cgroup_path"], event["old"], event["new"]) == ("/job", 0, 5)
     assert event["limit"] == 64 * MiB and event["time"] <= time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=10)
+    proc.communicate(timeout=60)
     assert proc.returncode == 0
 
 
@@ -223,7 +223,7 @@ def test_watch_coalesces_a_burst(host: FakeHost) -> None:
     assert 2 <= rises <= 10 and merged.rstrip().endswith("rises in 1s]")
     assert elapsed < 3
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=10)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and err == ""
     # whatever the burst left after the merged line, it is at most one more line
     assert len([line for line in out.splitlines() if f"{counter} " in line]) <= 1

@@ -45,7 +45,7 @@ def hog_descriptors():
     except OSError:
         return hog
 
-def settle(cond, timeout=3.0):
+def settle(cond, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not cond():
         time.sleep(0.005)
@@ -168,7 +168,7 @@ def test_queries_with_no_descriptor_left_answer_and_recover(host: FakeHost) -> N
         for fd in hog:
             os.close(fd)
         recovered = settle(lambda: (m.total_memory(), m.status.mode, m.status.thread)
-                           == ({512 * MiB}, "watching", True), timeout=5)
+                           == ({512 * MiB}, "watching", True), timeout=10)
         print(json.dumps([starved, recovered, m.available_memory()]))
     """)
     starved, recovered, available = got
@@ -195,7 +195,7 @@ def test_thread_that_cannot_start_leaves_queries_exact_and_is_retried(host: Fake
         os.close(fd)
         seen = m.total_memory()
         threading.Thread.start = real_start
-        recovered = settle(lambda: m.status.thread, timeout=5)
+        recovered = settle(lambda: m.status.thread)
         print(json.dumps([first, seen, recovered]))
     """)
     first, seen, recovered = got
@@ -221,7 +221,7 @@ def test_fork_child_with_no_descriptor_left_answers_and_recovers(host: FakeHost)
                 for fd in hog:
                     os.close(fd)
                 ok = settle(lambda: m.status.mode == "watching" and m.status.thread
-                            and "cannot" not in m.status.reason, timeout=5)
+                            and "cannot" not in m.status.reason, timeout=10)
                 os.write(w, json.dumps([starved, ok, m.total_memory()]).encode())
             finally:
                 os._exit(0)

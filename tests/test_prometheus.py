@@ -278,7 +278,7 @@ def serve_procs() -> Iterator[list[subprocess.Popen[str]]]:
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=60)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
@@ -304,7 +304,7 @@ def test_serve_exits_cleanly_on_a_signal(job: FakeHost, signum: int,
     with urllib.request.urlopen(url, timeout=10) as reply:
         assert b"cgwatch_cgroup_limit_bytes{cgroup=\"/a/b/c\"}" in reply.read()
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
 
@@ -318,9 +318,9 @@ def test_serve_exits_when_the_pid_exits(serve_procs: list[subprocess.Popen[str]]
         assert b"cgwatch_total_memory_bytes" in reply.read()
     assert target.stdin is not None
     target.stdin.close()  # it exits
-    target.wait(timeout=10)
+    target.wait(timeout=60)
     started = time.monotonic()
-    _, err = proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert f"process {target.pid} exited" in err
     assert time.monotonic() - started < 5

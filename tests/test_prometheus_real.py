@@ -158,7 +158,7 @@ class Prometheus:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=60)
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -244,7 +244,7 @@ def test_prometheus_sees_the_limit_and_an_oom_kill(tree: Tree) -> None:
             _, err = serve.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             serve.kill()
-            serve.communicate(timeout=10)
+            serve.communicate(timeout=60)
             raise
     assert serve.returncode == 0, err
     assert not os.path.exists(prometheus.dir)

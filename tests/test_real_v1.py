@@ -109,7 +109,7 @@ def test_removed_and_recreated_cgroups_do_not_break_it(tree: Tree) -> None:
             f.write(str(probe.proc.pid))
         os.rmdir(first)
         # The removal is noticed (IN_DELETE in the parent) and the new path is resolved.
-        reply = probe.ask(op="wait_total", value=200 * MiB, timeout=2)
+        reply = probe.ask(op="wait_total", value=200 * MiB, timeout=10)
         assert reply["seen_at"] is not None, reply
         query = probe.ask(op="query")
         assert query["status"]["directory"] == second
@@ -120,7 +120,7 @@ def test_removed_and_recreated_cgroups_do_not_break_it(tree: Tree) -> None:
         with open(os.path.join(first, "cgroup.procs"), "w") as f:
             f.write(str(probe.proc.pid))
         os.rmdir(second)
-        reply = probe.ask(op="wait_total", value=300 * MiB, timeout=2)
+        reply = probe.ask(op="wait_total", value=300 * MiB, timeout=10)
         assert reply["seen_at"] is not None, reply
         assert probe.ask(op="query")["status"]["directory"] == first
         os.mkdir(second)
