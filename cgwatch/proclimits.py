@@ -12,7 +12,9 @@ status: ~3 us against ~40 us for status here, fs/proc/task_mmu.c `task_statm()`)
   stack: `is_data_mapping()`) for such mappings, and brk() checks the heap plus the data
   segment (`check_data_rlimit()`). statm's sixth field is data_vm + stack_vm (status `VmData`
   plus `VmStk`): the stack (~132 KiB) counts too, so the room is a little under the truth.
-- A Slurm job's declared limit (`slurm.from_environ`): the job's use is not known without a
+- A Slurm job's declared limit (`slurm.from_environ`, or the controller's answer for a plain
+  `srun --mem`: `slurmctl.ask`, once per process, only when no cgroup of the job carries a
+  limit): the job's use is not known without a
   cgroup, so its bound counts this process's resident set (statm's second field, `VmRSS`: a
   floor of the job's use, so the answer is an upper bound, said in the level's `problem`).
   It counts in total_memory() too.
@@ -30,7 +32,9 @@ from .frozen import Frozen, setter
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Optional
+    from typing import Callable, Optional
+
+    from .slurm import Declared
 
 STATM = "/proc/self/statm"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -78,36 +82,52 @@ def rlimit_limits(as_soft: int, data_soft: int, infinity: int) -> tuple[ProcessL
     return tuple(out)
 
 
-def slurm_limit(environ: Mapping[str, str],
-                cgroup_limits: Sequence[int]) -> Optional[ProcessLimit]:
+def slurm_limit(environ: Mapping[str, str], levels: Sequence[tuple[str, Optional[int]]],
+                ask: Optional[Callable[[Declared, Mapping[str, str]], Declared]] = None,
+                ) -> tuple[Optional[ProcessLimit], str]:
     """The Slurm job's declared limit when no cgroup limit on the path is at or below it
-    (then a cgroup enforces it, or something tighter binds): None otherwise."""
+    (then a cgroup enforces it, or something tighter binds): None otherwise; and why it could
+    not be known ("" when nothing is wrong).
+
+    `levels`: (cgroup path, limit) of each level, the process's own first. Without
+    `SLURM_MEM_PER_*` (a plain `srun --mem`) the controller is asked (`ask`, default
+    `slurmctl.ask`: once per process, bounded) unless a cgroup of the job or step carries a
+    limit (`slurm.needs_controller`)."""
     if "SLURM_JOB_ID" not in environ and "SLURM_JOBID" not in environ:
-        return None  # the common case costs no import of slurm.py (and so of re)
-    from .slurm import from_environ
+        return None, ""  # the common case costs no import of slurm.py (and so of re)
+    from .slurm import from_environ, needs_controller
 
     declared = from_environ(environ)
-    if declared is None or declared.limit is None:
-        return None
-    if any(limit <= declared.limit for limit in cgroup_limits):
-        return None
+    if declared is None:
+        return None, ""
+    problem = ""
+    if needs_controller(environ, levels):
+        if ask is None:
+            from .slurmctl import ask as ask_controller
+            ask = ask_controller
+        declared = ask(declared, environ)
+        problem = declared.problem or ""
+    if declared.limit is None or any(limit is not None and limit <= declared.limit
+                                     for _, limit in levels):
+        return None, problem
     return ProcessLimit(SLURM, f"slurm job {declared.job} {declared.option} (declared)",
                         declared.limit,
                         "declared, not enforced by a cgroup (slurmstepd samples it); usage is "
-                        "this process's VmRSS, a floor of the job's")
+                        "this process's VmRSS, a floor of the job's"), ""
 
 
-def read_process_limits(environ: Mapping[str, str],
-                        cgroup_limits: Sequence[int]) -> tuple[ProcessLimit, ...]:
-    """The limits on this process that no cgroup enforces (one getrlimit each)."""
+def read_process_limits(environ: Mapping[str, str], levels: Sequence[tuple[str, Optional[int]]],
+                        ) -> tuple[tuple[ProcessLimit, ...], str]:
+    """The limits on this process that no cgroup enforces (one getrlimit each), and why the
+    Slurm job's could not be known ("" when nothing is wrong). `levels` as `slurm_limit`."""
     try:
         found = rlimit_limits(resource.getrlimit(resource.RLIMIT_AS)[0],
                               resource.getrlimit(resource.RLIMIT_DATA)[0],
                               resource.RLIM_INFINITY)
     except (OSError, ValueError):
         found = ()
-    declared = slurm_limit(environ, cgroup_limits)
-    return found + ((declared,) if declared is not None else ())
+    declared, problem = slurm_limit(environ, levels)
+    return found + ((declared,) if declared is not None else ()), problem
 
 
 def rooms(limits: Sequence[ProcessLimit], statm: bytes,

@@ -19,7 +19,9 @@ anywhere in it, anchored at a path component.
 The environment gives what was asked for: `SLURM_MEM_PER_NODE` (`--mem`) or
 `SLURM_MEM_PER_CPU` (`--mem-per-cpu`, times `SLURM_CPUS_ON_NODE`), in MiB. sbatch and salloc
 export them to the job and its steps; a plain `srun --mem` sets neither (seen on 22.05), and
-then only the controller knows (`scontrol show job` says `MinMemoryNode=`).
+then only the controller knows: `scontrol show job -o J` says `MinMemoryNode=300M` or
+`MinMemoryCPU=100M` (`from_scontrol` reads that line; slurmctl.py asks for it), and
+`needs_controller` says when asking is worth it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .frozen import Frozen, setter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Optional
 
 MIB = 1 << 20
@@ -155,3 +157,62 @@ def from_environ(environ: Mapping[str, str]) -> Optional[Declared]:
     except ValueError as exc:
         problem = str(exc)
     return Declared(int(job_text), step, limit, option, problem)
+
+
+def needs_controller(environ: Mapping[str, str],
+                     levels: Sequence[tuple[str, Optional[int]]]) -> bool:
+    """Whether the controller must be asked what the job declared: it is in a Slurm job, its
+    environment has no `SLURM_MEM_PER_*` (a plain `srun`), and no cgroup of the job or step
+    (`levels`: (cgroup path, limit), the process's own first) carries a limit. Where one does,
+    task/cgroup's ConstrainRAMSpace put `--mem` there and the cgroups already say it."""
+    if "SLURM_MEM_PER_NODE" in environ or "SLURM_MEM_PER_CPU" in environ:
+        return False
+    place = parse_slurm_cgroup(levels[0][0]) if levels else None
+    return place is None or not any(limit is not None and place.role(path) is not None
+                                    for path, limit in levels)
+
+
+# scontrol prints sizes in MiB with a unit suffix; `convert_num_unit()` (CONVERT_NUM_UNIT_EXACT)
+# moves to the next unit only while no precision is lost, with two decimals: 1536M is
+# "1.50G", 1100M stays "1100M", 2048M is "2G" (seen on 22.05.8)
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)")
+_UNIT_MIB = {"K": 1 / 1024, "M": 1, "": 1, "G": 1 << 10, "T": 1 << 20, "P": 1 << 30}
+
+
+def _size_bytes(text: str) -> int:
+    """A size as scontrol prints it ("300M", "1.50G", "0") in bytes; ValueError otherwise."""
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a size: {text[:20]!r}")
+    return round(float(m.group(1)) * _UNIT_MIB[m.group(2)] * MIB)
+
+
+def from_scontrol(text: str, job: int, step: Optional[str],
+                  cpus_on_node: Optional[int]) -> Declared:
+    """What job `job` declared, from `scontrol show job -o J`'s output (one line of
+    Key=Value fields): `MinMemoryNode` (`--mem`; 0 is the whole node, as
+    `SLURM_MEM_PER_NODE=0`) or `MinMemoryCPU` (`--mem-per-cpu`, times the CPUs on this node,
+    `SLURM_CPUS_ON_NODE`). The same limit and option text as `from_environ` gives an sbatch
+    job; `problem` says why not when the line does not tell."""
+    fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+    limit = option = problem = None
+    try:
+        if fields.get("JobId") != str(job):
+            raise ValueError(f"not job {job}'s line: {text.strip()[:80]!r}")
+        if "MinMemoryNode" in fields:
+            size = _size_bytes(fields["MinMemoryNode"])
+            if size:
+                limit, option = size, f"--mem={size // MIB}M"
+        elif "MinMemoryCPU" in fields:
+            size = _size_bytes(fields["MinMemoryCPU"])
+            if not cpus_on_node:
+                raise ValueError("MinMemoryCPU without SLURM_CPUS_ON_NODE")
+            if size:
+                limit = size * cpus_on_node
+                option = (f"--mem-per-cpu={size // MIB}M "
+                          f"(x {cpus_on_node} CPU{'s' if cpus_on_node > 1 else ''})")
+        else:
+            raise ValueError(f"no MinMemoryNode or MinMemoryCPU: {text.strip()[:80]!r}")
+    except ValueError as exc:
+        problem = str(exc)
+    return Declared(job, step, limit, option, problem)

@@ -184,7 +184,8 @@ def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, m
             limited.append((None, lvl.limit, lvl.kept.fd(usage_name), lvl.kept.fd(names.STAT),
                             key))
     cgroup_limits = [lvl.limit for lvl in levels if lvl.limit is not None]
-    process, process_problem = _process_limits(cgroup_limits)
+    process, process_problem = _process_limits(
+        [(lvl.cgroup_path, lvl.limit) for lvl in levels])
     # A Slurm job's declared --mem counts in total_memory() (rlimits limit mappings, not
     # memory: they count in available_memory() only)
     total = min([host.total] + cgroup_limits
@@ -218,10 +219,12 @@ def _above(res: discovery.Resolved, levels: tuple[Level, ...]) -> str:
     return ""
 
 
-def _process_limits(cgroup_limits: Sequence[int]) -> tuple[tuple[ProcessLimit, ...], str]:
-    """The limits on the process that no cgroup enforces, and why none could be read ("")."""
+def _process_limits(levels: Sequence[tuple[str, Optional[int]]],
+                    ) -> tuple[tuple[ProcessLimit, ...], str]:
+    """The limits on the process that no cgroup enforces (`levels`: each level's cgroup path
+    and limit, the process's own first), and why one could not be read ("")."""
     try:
-        return read_process_limits(os.environ, cgroup_limits), ""
+        return read_process_limits(os.environ, levels)
     except Exception as e:  # noqa: BLE001 - a snapshot must be made (EMFILE on a lazy import)
         return (), f"rlimits and a Slurm job's declared limit not read: {e}"
 

@@ -64,6 +64,7 @@ LAYER = {
     "cgwatch.notify": "I/O edges",
     "cgwatch.quota": "I/O edges",
     "cgwatch.proclimits": "I/O edges",
+    "cgwatch.slurmctl": "I/O edges",
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.

@@ -7,6 +7,7 @@ import json
 import resource
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
 import pytest
@@ -21,6 +22,7 @@ from cgwatch.proclimits import (
     rooms,
     slurm_limit,
 )
+from cgwatch.slurm import Declared
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 INF = resource.RLIM_INFINITY
@@ -74,30 +76,60 @@ def test_rlimit_limits(row: Rl) -> None:
 
 class Decl(NamedTuple):
     environ: dict[str, str]
-    cgroup_limits: tuple[int, ...]
+    levels: tuple[tuple[str, Optional[int]], ...]  # (cgroup path, limit), the process's first
     want: Optional[int]  # the declared level's limit, None: no level
+    asked: bool = False  # the controller was asked
+    problem: str = ""
 
+
+# What the controller answers in these rows (a Declared as slurmctl.ask returns it)
+CONTROLLER = {21: Declared(21, "0", 300 * MiB, "--mem=300M"),
+              22: Declared(22, "0", None, None, "the controller could not say (scontrol is "
+                           "not on PATH)")}
+JOB_V1 = "/slurm_vm/uid_0/job_21"
+TASK_V1 = JOB_V1 + "/step_0/task_0"
+OURS = "/process_api/37628d99afbd406d55e30171b133ca71"  # a sampled job's v1 path (seen)
 
 DECLARED = [
     pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "300"}, (), 300 * MiB),
                  id="sampled-enforcement-no-cgroup-limit"),
-    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "300"}, (300 * MiB,), None),
-                 id="enforced-by-job-cgroup"),
-    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "2048"}, (1 * GiB,), None),
-                 id="tighter-cgroup-above-slurm"),
-    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "300"}, (4 * GiB,), 300 * MiB),
-                 id="a-looser-cgroup-only"),
+    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "300"},
+                      (("/a", 300 * MiB),), None), id="enforced-by-job-cgroup"),
+    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "2048"},
+                      (("/a", 1 * GiB),), None), id="tighter-cgroup-above-slurm"),
+    pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_NODE": "300"},
+                      (("/a", None), ("/", 4 * GiB)), 300 * MiB), id="a-looser-cgroup-only"),
     pytest.param(Decl({"SLURM_JOB_ID": "5", "SLURM_MEM_PER_CPU": "100",
                        "SLURM_CPUS_ON_NODE": "2"}, (), 200 * MiB), id="mem-per-cpu"),
-    pytest.param(Decl({"SLURM_JOB_ID": "5"}, (), None), id="plain-srun-nothing-declared"),
+    pytest.param(Decl({"SLURM_JOB_ID": "21", "SLURM_STEP_ID": "0"}, ((OURS, None),), 300 * MiB,
+                      asked=True), id="plain-srun-sampled-asks-the-controller"),
+    pytest.param(Decl({"SLURM_JOB_ID": "21", "SLURM_STEP_ID": "0"},
+                      ((TASK_V1, None), (JOB_V1 + "/step_0", None), (JOB_V1, None)), 300 * MiB,
+                      asked=True), id="plain-srun-slurm-cgroups-without-limit-ask"),
+    pytest.param(Decl({"SLURM_JOB_ID": "21", "SLURM_STEP_ID": "0"},
+                      ((TASK_V1, None), (JOB_V1 + "/step_0", 300 * MiB),
+                       (JOB_V1, 300 * MiB)), None), id="plain-srun-task-cgroup-not-asked"),
+    pytest.param(Decl({"SLURM_JOB_ID": "22", "SLURM_STEP_ID": "0"}, ((OURS, None),), None,
+                      asked=True, problem="the controller could not say (scontrol is not on "
+                      "PATH)"), id="plain-srun-controller-unknown-said"),
     pytest.param(Decl({}, (), None), id="not-in-a-job"),
 ]
 
 
 @pytest.mark.parametrize("row", DECLARED)
 def test_slurm_limit(row: Decl) -> None:
-    got = slurm_limit(row.environ, row.cgroup_limits)
+    calls = []
+
+    def ask(declared: Declared, environ: Mapping[str, str]) -> Declared:
+        calls.append(declared.job)
+        return CONTROLLER[declared.job or 0]
+
+    got, problem = slurm_limit(row.environ, row.levels, ask)
     assert (got.limit if got is not None else None) == row.want
+    assert calls == ([int(row.environ["SLURM_JOB_ID"])] if row.asked else [])
+    assert problem == row.problem
+    if got is not None and row.asked:  # the same level as sbatch --mem=300M's
+        assert got.label == "slurm job 21 --mem=300M (declared)"
 
 
 def test_rooms_never_negative() -> None:

@@ -6,7 +6,14 @@ from typing import NamedTuple, Optional
 
 import pytest
 
-from cgwatch.slurm import Declared, SlurmPlace, from_environ, parse_slurm_cgroup
+from cgwatch.slurm import (
+    Declared,
+    SlurmPlace,
+    from_environ,
+    from_scontrol,
+    needs_controller,
+    parse_slurm_cgroup,
+)
 
 MIB = 1 << 20
 
@@ -125,3 +132,159 @@ ENVIRONS = [
 @pytest.mark.parametrize("row", ENVIRONS)
 def test_from_environ(row: Env) -> None:
     assert from_environ(row.environ) == row.want
+
+
+# `scontrol show job -o J` inside real `srun` jobs of the tier's sampled setup (22.05.8,
+# node "vm"), whole lines as printed, for srun --mem=300M, --mem-per-cpu=100M
+# --cpus-per-task=2, --mem=2G, no --mem, --mem=1536M.
+SCONTROL_300M = (
+    "JobId=1 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=0 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-12-01T23:59:06 EligibleTime=2026-12-01T23:59:06 "
+    "AccrueTime=Unknown StartTime=2026-12-01T23:59:06 EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-01T23:59:06 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:28613 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList=vm BatchHost=vm NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,mem=300M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=300M MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
+    "WorkDir=/work/wt-slurm2 Power= \n")
+SCONTROL_PER_CPU = (
+    "JobId=2 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901758 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=0 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-12-01T23:59:07 EligibleTime=2026-12-01T23:59:07 "
+    "AccrueTime=2026-12-01T23:59:07 StartTime=2026-12-01T23:59:08 EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-01T23:59:08 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:28613 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList=vm BatchHost=vm NumNodes=1 NumCPUs=2 NumTasks=1 CPUs/Task=2 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=2,mem=200M,node=1,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=2 MinMemoryCPU=100M MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
+    "WorkDir=/work/wt-slurm2 Power= \n")
+SCONTROL_2G = (
+    "JobId=3 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=0 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-12-01T23:59:09 EligibleTime=2026-12-01T23:59:09 "
+    "AccrueTime=Unknown StartTime=2026-12-01T23:59:09 EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-01T23:59:09 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:28613 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList=vm BatchHost=vm NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,mem=2G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
+    "WorkDir=/work/wt-slurm2 Power= \n")
+SCONTROL_NO_MEM = (
+    "JobId=4 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901756 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=0 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-12-01T23:59:10 EligibleTime=2026-12-01T23:59:10 "
+    "AccrueTime=Unknown StartTime=2026-12-01T23:59:10 EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-01T23:59:10 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:28613 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList=vm BatchHost=vm NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,mem=19284M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
+    "WorkDir=/work/wt-slurm2 Power= \n")
+SCONTROL_1536M = (
+    "JobId=6 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901754 "
+    "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
+    "Restarts=0 BatchFlag=0 Reboot=0 ExitCode=0:0 RunTime=00:00:00 TimeLimit=UNLIMITED "
+    "TimeMin=N/A SubmitTime=2026-12-01T23:59:12 EligibleTime=2026-12-01T23:59:12 "
+    "AccrueTime=Unknown StartTime=2026-12-01T23:59:12 EndTime=Unknown Deadline=N/A "
+    "SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-12-01T23:59:12 Scheduler=Main "
+    "Partition=debug AllocNode:Sid=localhost:28613 ReqNodeList=(null) ExcNodeList=(null) "
+    "NodeList=vm BatchHost=vm NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=1,mem=1.50G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
+    "MinCPUsNode=1 MinMemoryNode=1.50G MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
+    "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
+    "WorkDir=/work/wt-slurm2 Power= \n")
+
+
+class Ctl(NamedTuple):
+    text: str
+    job: int
+    cpus: Optional[int]  # SLURM_CPUS_ON_NODE
+    want: Declared
+
+
+SCONTROL = [
+    pytest.param(Ctl(SCONTROL_300M, 1, 1, Declared(1, "0", 300 * MIB, "--mem=300M")),
+                 id="srun-mem-300M-as-sbatch-says-it"),
+    pytest.param(Ctl(SCONTROL_PER_CPU, 2, 2,
+                     Declared(2, "0", 200 * MIB, "--mem-per-cpu=100M (x 2 CPUs)")),
+                 id="srun-mem-per-cpu-times-cpus-on-node"),
+    pytest.param(Ctl(SCONTROL_2G, 3, 1, Declared(3, "0", 2048 * MIB, "--mem=2048M")),
+                 id="mem-2G-printed-in-G"),
+    pytest.param(Ctl(SCONTROL_1536M, 6, 1, Declared(6, "0", 1536 * MIB, "--mem=1536M")),
+                 id="mem-1536M-printed-1.50G"),
+    pytest.param(Ctl(SCONTROL_NO_MEM, 4, 1, Declared(4, "0", None, None)),
+                 id="no-mem-is-0-the-whole-node-as-sbatch-exports-nothing"),
+    pytest.param(Ctl(SCONTROL_PER_CPU, 2, None, Declared(
+        2, "0", None, None, "MinMemoryCPU without SLURM_CPUS_ON_NODE")),
+        id="mem-per-cpu-without-cpus-refused"),
+    pytest.param(Ctl(SCONTROL_300M, 7, 1, Declared(
+        7, "0", None, None, "not job 7's line: " + repr(SCONTROL_300M.strip()[:80]))),
+        id="another-job's-line-refused"),
+    pytest.param(Ctl(SCONTROL_300M.replace("MinMemoryNode=300M", "MinMemoryNode=lots"), 1, 1,
+                     Declared(1, "0", None, None, "not a size: 'lots'")), id="not-a-size"),
+    pytest.param(Ctl("JobId=1 JobName=sh\n", 1, 1, Declared(
+        1, "0", None, None, "no MinMemoryNode or MinMemoryCPU: 'JobId=1 JobName=sh'")),
+        id="no-memory-field"),
+    pytest.param(Ctl("", 1, 1, Declared(1, "0", None, None, "not job 1's line: ''")),
+                 id="empty-output"),
+]
+
+
+@pytest.mark.parametrize("row", SCONTROL)
+def test_from_scontrol(row: Ctl) -> None:
+    assert from_scontrol(row.text, row.job, "0", row.cpus) == row.want
+
+
+def test_from_scontrol_says_what_from_environ_says_for_sbatch() -> None:
+    """The same option text and limit as sbatch --mem=300M / --mem-per-cpu=100M x 2."""
+    for text, job, cpus, env in ((SCONTROL_300M, 1, 1, {"SLURM_MEM_PER_NODE": "300"}),
+                                 (SCONTROL_PER_CPU, 2, 2, {"SLURM_MEM_PER_CPU": "100"})):
+        sbatch = from_environ({"SLURM_JOB_ID": str(job), "SLURM_CPUS_ON_NODE": str(cpus), **env})
+        srun = from_scontrol(text, job, None, cpus)
+        assert sbatch is not None and (srun.limit, srun.option) == (sbatch.limit, sbatch.option)
+
+
+class Need(NamedTuple):
+    environ: dict[str, str]
+    levels: tuple[tuple[str, Optional[int]], ...]
+    want: bool
+
+
+V1_JOB = "/slurm_vm/uid_0/job_4"
+V2_JOB = "/system.slice/vm_slurmstepd.scope/job_4"
+NEEDS = [
+    pytest.param(Need({"SLURM_JOB_ID": "4", "SLURM_MEM_PER_NODE": "300"}, (("/x", None),), False),
+                 id="sbatch-environment-says"),
+    pytest.param(Need({"SLURM_JOB_ID": "4", "SLURM_MEM_PER_CPU": "100"}, (), False),
+                 id="mem-per-cpu-environment-says"),
+    pytest.param(Need({"SLURM_JOB_ID": "4"}, ((V1_JOB + "/step_0/task_0", None),
+                                              (V1_JOB + "/step_0", 256 << 20),
+                                              (V1_JOB, 256 << 20), ("/slurm_vm", None)), False),
+                 id="v1-task-cgroup-constrains-ram"),
+    pytest.param(Need({"SLURM_JOB_ID": "4"}, ((V2_JOB + "/step_0/user/task_0", None),
+                                              (V2_JOB + "/step_0/user", 256 << 20),
+                                              (V2_JOB + "/step_0", None), (V2_JOB, 256 << 20)),
+                      False), id="v2-task-cgroup-constrains-ram"),
+    pytest.param(Need({"SLURM_JOB_ID": "4"}, ((V2_JOB + "/step_0/user/task_0", None),
+                                              (V2_JOB + "/step_0/user", None),
+                                              (V2_JOB + "/step_0", None), (V2_JOB, None),
+                                              ("/", 1 << 30)), True),
+                 id="v2-slurm-cgroups-without-limit-a-limit-of-ours-above"),
+    pytest.param(Need({"SLURM_JOB_ID": "4"}, (("/process_api/3762", None),), True),
+                 id="v1-sampled-not-in-slurm-memory-cgroup"),
+    pytest.param(Need({"SLURM_JOB_ID": "4"}, (), True), id="host-mode-no-cgroup"),
+]
+
+
+@pytest.mark.parametrize("row", NEEDS)
+def test_needs_controller(row: Need) -> None:
+    assert needs_controller(row.environ, row.levels) is row.want

@@ -76,11 +76,18 @@ class SlurmJob:
 def slurm_job(cgroup_path: Optional[str], environ: Mapping[str, str],
               levels: Sequence[LevelInfo]) -> Optional[SlurmJob]:
     """The Slurm job this process runs in (None outside one), from its cgroup path and
-    environment (slurm.py), and whether a cgroup limit on the path enforces what it declared."""
+    environment (slurm.py) or, for a plain `srun --mem`, what the controller said when the
+    monitor asked it (slurmctl.py; never asked here), and whether a cgroup limit on the path
+    enforces what it declared."""
     from ..slurm import from_environ, parse_slurm_cgroup
+    from ..slurmctl import asked
 
     place = parse_slurm_cgroup(cgroup_path) if cgroup_path else None
     declared = from_environ(environ)
+    if declared is not None and declared.job is not None:
+        said = asked(declared.job)
+        if said is not None and said.limit is not None:
+            declared = said
     if place is None and declared is None:
         return None
     limit = declared.limit if declared is not None else None

@@ -4,12 +4,26 @@ limit is on the job's and the step's cgroups, never the task's, and cgwatch find
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
-from tests.slurm.jobs import PYTHON, REPO, MiB, cgwatch_json, level, sbatch, srun
+import pytest
+
+from tests.slurm.jobs import (
+    GUEST,
+    INTEGRATION_PYTHON,
+    PYTHON,
+    REPO,
+    MiB,
+    cgwatch_json,
+    level,
+    sbatch,
+    srun,
+)
 
 ALLOCATE = ("import time\nb = []\nwhile True:\n    b.append(bytearray(32 << 20))\n"
             "    time.sleep(0.01)\n")
@@ -119,3 +133,42 @@ def test_serve_in_a_step_scraped_while_the_job_runs() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# DeepSpeed's own CPU accelerator answers the node's RAM (psutil.virtual_memory(): DeepSpeed
+# #2632/#2788); cgwatch's (cgwatch.integrations.deepspeed.install()) the job's --mem.
+DEEPSPEED = """
+import json, psutil
+from deepspeed.accelerator import get_accelerator
+from cgwatch.integrations import deepspeed as cgds
+before = get_accelerator()
+node, before_total = psutil.virtual_memory().total, before.total_memory()
+cgds.install()
+accel = get_accelerator()
+print("RESULT " + json.dumps({"before": [type(before).__name__, before_total],
+      "after": [type(accel).__name__, accel.device_name(), accel.total_memory(),
+                accel.available_memory()], "node": node}))
+"""
+
+
+def test_deepspeed_cpu_accelerator_in_srun_says_the_jobs_limit(tmp_path: Path) -> None:
+    if GUEST:
+        pytest.skip("not in the VM part: importing torch and DeepSpeed under TCG takes "
+                    "minutes; the v1 host part runs this case")
+    if not INTEGRATION_PYTHON or not os.access(INTEGRATION_PYTHON, os.X_OK):
+        why = (f"no torch + DeepSpeed interpreter ({INTEGRATION_PYTHON or 'none given'}): "
+               "tests/integration/setup makes .venv-integration; scripts/test passes it in "
+               "SLURM_TIER_INTEGRATION_PYTHON")
+        if os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    limit = 700 * MiB  # torch + DeepSpeed peak at ~250 MiB (tests/integration)
+    out = srun("--mem=700M", INTEGRATION_PYTHON, "-c", DEEPSPEED,
+               env={"TORCH_EXTENSIONS_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}).stdout
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-3000:]
+    r = json.loads(lines[-1][len("RESULT "):])
+    assert r["before"] == ["CPU_Accelerator", r["node"]] and r["node"] > limit
+    cls, name, total, available = r["after"]
+    assert (cls, name, total) == ("CgwatchCPUAccelerator", "cpu", limit)
+    assert 0 < available < limit

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import time
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -15,6 +15,9 @@ MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = os.environ.get("SLURM_TIER_PYTHON", "")
 STATE = os.environ.get("SLURM_TIER_STATE", "")
+# torch + DeepSpeed: .venv-integration's interpreter (tests/slurm/run, scripts/test)
+INTEGRATION_PYTHON = os.environ.get("SLURM_TIER_INTEGRATION_PYTHON", "")
+GUEST = os.environ.get("SLURM_TIER_GUEST") == "1"  # the VM part (cgroup v2)
 # A loaded 2-core machine: a job waits up to ~3 s for the previous one's resources (NOTES.md)
 TIMEOUT = 120
 
@@ -22,10 +25,12 @@ if not os.environ.get("SLURM_CONF") or not PYTHON:
     pytest.skip("run by tests/slurm/run (it starts the cluster)", allow_module_level=True)
 
 
-def srun(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`srun ARGS`, its output as text (cwd: the checkout, so `-m cgwatch` imports it)."""
+def srun(*args: str, check: bool = True,
+         env: Optional[dict[str, str]] = None) -> subprocess.CompletedProcess[str]:
+    """`srun ARGS`, its output as text (cwd: the checkout, so `-m cgwatch` imports it); `env`:
+    variables added to ours (srun passes the caller's environment to the job)."""
     out = subprocess.run(["srun", *args], capture_output=True, text=True, cwd=REPO,
-                         timeout=TIMEOUT)
+                         timeout=TIMEOUT, env={**os.environ, **(env or {})})
     if check and out.returncode != 0:
         raise AssertionError(f"srun {' '.join(args)}: {out.returncode}\n{out.stderr}")
     return out
