@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cgwatch.envswitch import switch_on
 from tests.slurm.jobs import (
     GUEST,
     INTEGRATION_PYTHON,
@@ -159,7 +160,7 @@ def test_deepspeed_cpu_accelerator_in_srun_says_the_jobs_limit(tmp_path: Path) -
         why = (f"no torch + DeepSpeed interpreter ({INTEGRATION_PYTHON or 'none given'}): "
                "tests/integration/setup makes .venv-integration; scripts/test passes it in "
                "SLURM_TIER_INTEGRATION_PYTHON")
-        if os.environ.get("CGWATCH_REQUIRE_REAL") == "1":
+        if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
             pytest.fail(why)
         pytest.skip(why)
     limit = 700 * MiB  # torch + DeepSpeed peak at ~250 MiB (tests/integration)
