@@ -6,6 +6,10 @@ used as they are: no Slurm library is loaded here) and keeps the answer for the 
 process, whatever it was: the job's memory does not change under it (`scontrol update` of a
 running job's memory is refused for non-admins, and a change would not move any limit either).
 
+An answer that could not be had (controller down, scontrol hung or missing) is asked again
+when a snapshot is made `RETRY_AFTER` seconds later or more, so a job that started while
+slurmctld restarted learns its limit once the controller is back; a real answer is final.
+
 It runs when a snapshot is made (resolution, a limit re-read), never in a query: the first
 snapshot of a process in such a job pays one scontrol (~10-40 ms here to a live controller).
 It is bounded: with the controller down, scontrol retries for ~18 s before it says
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from .frozen import replace
 from .slurm import Declared, from_scontrol
@@ -29,9 +34,11 @@ if TYPE_CHECKING:
     from typing import Optional
 
 TIMEOUT = 3.0  # seconds; a live controller answers in ~10-40 ms here, ~0.3 s in the TCG VM
+RETRY_AFTER = 60.0  # seconds before a failed ask may be tried again (each try can cost TIMEOUT)
 SCONTROL = "scontrol"
 
 _answers: dict[int, Declared] = {}
+_failed_at: dict[int, float] = {}  # job -> when its kept answer was a failure (monotonic)
 _lock = threading.Lock()
 
 
@@ -46,13 +53,21 @@ if hasattr(os, "register_at_fork"):
 
 
 def ask(declared: Declared, environ: Mapping[str, str],
-        timeout: float = TIMEOUT) -> Declared:
+        timeout: float = TIMEOUT, retry_after: float = RETRY_AFTER) -> Declared:
     """What the controller says job `declared.job` declared (asked on the first call of the
-    process for that job, the kept answer after); `problem` says why when it could not say."""
+    process for that job, the kept answer after; a failure is asked again `retry_after`
+    seconds later); `problem` says why when it could not say."""
+    job = declared.job or 0
     with _lock:
-        got = _answers.get(declared.job or 0)
-        if got is None:
-            got = _answers[declared.job or 0] = _run(declared, environ, timeout)
+        got = _answers.get(job)
+        failed_at = _failed_at.get(job)
+        if got is None or (failed_at is not None
+                           and time.monotonic() - failed_at >= retry_after):
+            got = _answers[job] = _run(declared, environ, timeout)
+            if got.problem is None:
+                _failed_at.pop(job, None)
+            else:
+                _failed_at[job] = time.monotonic()
     return got if got.step == declared.step else replace(got, step=declared.step)
 
 

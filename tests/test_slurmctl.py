@@ -56,6 +56,18 @@ def test_controller_unreachable_is_said_and_not_asked_again(tmp_path: Path) -> N
     assert len(calls(tmp_path)) == 1
 
 
+def test_a_failed_ask_is_tried_again_after_the_back_off(tmp_path: Path) -> None:
+    # the controller was down at the first snapshot and is back: the limit is learnt
+    down = fake_scontrol(tmp_path, "echo 'Unable to contact slurm controller' >&2; exit 1")
+    got = ask(Declared(900006, "0", None, None), down, retry_after=0.0)
+    assert got.limit is None and got.problem is not None
+    up = fake_scontrol(tmp_path, f"echo '{LINE.format(job=900006)}'")
+    got = ask(Declared(900006, "0", None, None), up, retry_after=0.0)
+    assert (got.limit, got.problem) == (300 * MIB, None)
+    ask(Declared(900006, "0", None, None), up, retry_after=0.0)  # a real answer is final
+    assert len(calls(tmp_path)) == 2
+
+
 def test_a_hanging_scontrol_is_cut_after_the_timeout(tmp_path: Path) -> None:
     # the real one retries for ~18 s with slurmctld down
     env = fake_scontrol(tmp_path, "exec sleep 30")
