@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import policy, ranks
+from . import policy, ranks, values
 from .alerts import Threshold
 from .forecast import Forecaster
 from .frozen import replace
@@ -353,11 +353,14 @@ class Guard:
                 text = os.read(fd, 4096)
             finally:
                 os.close(fd)
-            reading = (now, policy.parse_pressure(text, self.pressure))
+            total = values.parse_pressure(text).get(self.pressure)
         except (OSError, ValueError):
             # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
+            total = None
+        if total is None:  # unreadable, or no line of this kind
             self._psi.pop(path, None)
             return None
+        reading = (now, total)
         before = self._psi.get(path)
         self._psi[path] = reading
         return policy.stall_share(before, reading)

@@ -199,20 +199,6 @@ def stall_share(before: Optional[tuple[float, int]], after: tuple[float, int]) -
     return min(1.0, (after[1] - before[1]) / 1e6 / (after[0] - before[0]))
 
 
-def parse_pressure(text: bytes, kind: str) -> int:
-    """`total=` (microseconds) of the `kind` line ("some" or "full") of a PSI file
-    (Documentation/accounting/psi.rst: `some avg10=0.00 avg60=0.00 avg300=0.00 total=12345`).
-    Raises ValueError when the line or its total is missing."""
-    for line in text.decode("ascii", "replace").splitlines():
-        name, _, rest = line.partition(" ")
-        if name == kind:
-            for item in rest.split():
-                key, _, number = item.partition("=")
-                if key == "total" and number.isascii() and number.isdigit():
-                    return int(number)
-    raise ValueError(f"no {kind} total= in memory.pressure: {text[:60]!r}")
-
-
 class Throttling:
     """For how long each level has been throttled without a break: a sample counts as
     throttled when its stall share is at least `threshold`, or, with no share, when the
