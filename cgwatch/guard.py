@@ -12,10 +12,11 @@ before the kernel's OOM killer ends the job or memory.high throttling stalls it.
                 sys.exit(cgwatch.GUARD_EXIT_STATUS)   # 75 (policy.py says why)
 
 What it decides is policy.py (the triggers, their order, the exit status); how it predicts
-is forecast.py. This object samples and delivers, reading only through a monitor's public
-API (`available_memory()`, `levels()`, `status`), the `Events` of that monitor (OOM kills
-and v2 `high` rises on the path), and, on v2, each level's `memory.pressure` in the
-directory `levels()` names.
+is forecast.py, one forecast per level kept by trends.py's `LevelTrends` (as for the
+`cgwatch` table, `watch` and the Prometheus gauges). This object samples and delivers,
+reading only through a monitor's public API (`available_memory()`, `levels()`, `status`),
+the `Events` of that monitor (OOM kills and v2 `high` rises on the path), and, on v2, each
+level's `memory.pressure` in the directory `levels()` names.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
 sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
@@ -49,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
 from . import policy, ranks, values
 from .alerts import Threshold
-from .forecast import Forecaster
 from .frozen import replace
 from .policy import EXIT_STATUS, Reading, Throttling, Verdict
+from .trends import LevelTrends
 
 if TYPE_CHECKING:
     from .events import Events
@@ -114,9 +115,9 @@ class Guard:
         self.throttle_seconds = throttle_seconds
         self._configured_checkpoint = float(checkpoint_seconds)
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
-        self._forecast_shape = (bucket, span, window)
-        Forecaster(bucket=bucket, span=span, window=window)  # refuses a bad shape here
-        self._forecasters: dict[str, Forecaster] = {}
+        # The working-set forecast of each guarded level (trends.py, one owner of per-level
+        # forecasts); refuses a bad shape here, not at the first sample.
+        self._trends = LevelTrends(bucket=bucket, span=span, window=window)
         self._throttling = Throttling(pressure_threshold)
         self._psi: dict[str, tuple[float, int]] = {}  # path -> (time, total= us)
         self._high_seen: dict[str, int] = {}  # path -> `high` rises counted at the last sample
@@ -315,17 +316,15 @@ class Guard:
     def _read(self, now: float) -> list[Reading]:
         version: Optional[int] = None  # read only for a level with memory.high (v2's)
         readings = []
-        seen = set()
-        for lvl in self.monitor.levels():
-            if lvl.usage is None or lvl.inactive_file is None or lvl.hidden or (
-                    lvl.limit is None and lvl.high is None):
-                continue
+        levels = self.monitor.levels()
+        # The levels with a limit or memory.high and a read working set (trends.forecastable),
+        # each with its trend; a level no longer on the path is forgotten there.
+        trends = self._trends.add(now, levels)
+        for lvl in levels:
             path = lvl.cgroup_path
-            seen.add(path)
-            forecaster = self._forecasters.get(path)
-            if forecaster is None:
-                forecaster = self._forecasters[path] = _forecaster(self._forecast_shape)
-            forecaster.add(now, max(0, lvl.usage - lvl.inactive_file))
+            trend = trends.get(path)
+            if trend is None:
+                continue
             throttled_for, share = 0.0, None
             if lvl.high is not None:
                 if version is None:
@@ -335,13 +334,13 @@ class Guard:
                 high_rose = rises > self._high_seen.get(path, 0)
                 self._high_seen[path] = rises
                 throttled_for = self._throttling.update(now, path, share, high_rose)
-            readings.append(Reading(path, lvl.limit, lvl.headroom, forecaster.trend(),
-                                    lvl.high, throttled_for, share))
-        for gone in [p for p in self._forecasters if p not in seen]:
-            del self._forecasters[gone]  # a level no longer on the path: its history too
-            self._psi.pop(gone, None)
-            self._high_seen.pop(gone, None)
-        self._throttling.keep_only(seen)
+            readings.append(Reading(path, lvl.limit, lvl.headroom, trend, lvl.high,
+                                    throttled_for, share))
+        for gone in [p for p in self._psi if p not in trends]:
+            del self._psi[gone]  # a level no longer on the path: its PSI reading too
+        for gone in [p for p in self._high_seen if p not in trends]:
+            del self._high_seen[gone]
+        self._throttling.keep_only(set(trends))
         return readings
 
     def _stall_share(self, now: float, path: str, directory: str) -> Optional[float]:
@@ -375,9 +374,3 @@ class Guard:
                 callback(verdict)
             except Exception:  # noqa: BLE001 - a callback must not stop the training loop
                 log.exception("cgwatch guard: callback %r failed", callback)
-
-
-
-def _forecaster(shape: tuple[float, int, int]) -> Forecaster:
-    bucket, span, window = shape
-    return Forecaster(bucket=bucket, span=span, window=window)
