@@ -8,8 +8,7 @@ before the kernel's OOM killer ends the job or memory.high throttling stalls it.
             if verdict.stop:
                 with guard.saving():          # times the save: later forecasts use it
                     save_checkpoint()
-                print(verdict.message(), file=sys.stderr)
-                sys.exit(cgwatch.GUARD_EXIT_STATUS)   # 75 (policy.py says why)
+                guard.exit(verdict)           # its line on stderr, exit 75 (policy.py: why)
 
 What it decides is policy.py (the triggers, their order, the exit status); how it predicts
 is forecast.py, one forecast per level kept by trends.py's `LevelTrends` (as for the
@@ -27,7 +26,9 @@ waiting for the clock. bench/guard.py measures both kinds of check.
 
 Every change of the decision (stop or not, the trigger, the level) is one log record on the
 "cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
-on the thread that called `check()`; never one per step.
+on the thread that called `check()`; never one per step. The stop line reaches stderr once:
+with logging unconfigured, the record itself is written there (logging's last resort), and
+`exit()` does not print that line again.
 
 Distributed jobs: once torch.distributed is initialised (with 2 or more ranks), every
 `sync_every`-th check is one all-reduce of one int64 across ranks (ranks.py), and every rank
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 from . import policy, ranks, values
 from .alerts import Threshold
 from .frozen import replace
+from .logs import reaches_last_resort
 from .policy import EXIT_STATUS, Reading, Throttling, Verdict
 from .trends import LevelTrends
 
@@ -124,6 +126,7 @@ class Guard:
         self._high_rises: dict[str, int] = {}  # path -> `high` rises (Events thread writes)
         self._killed = 0  # OOM kills on the path (Events thread writes, checks read)
         self._callbacks: list[Callable[[Verdict], None]] = []
+        self._on_stderr = ""  # the stop line logging's last resort wrote on stderr (exit())
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
         self._due = 0.0  # the next sample, time.monotonic()
         self._near = 0  # available_memory() at or below this: sample every near_interval
@@ -192,11 +195,14 @@ class Guard:
 
     def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
         """End the job after its save: print `verdict.message()` (default: the last one
-        `check()` decided) to stderr and raise SystemExit(GUARD_EXIT_STATUS)."""
+        `check()` decided) to stderr and raise SystemExit(GUARD_EXIT_STATUS). Not printed
+        again when the stop's log record already wrote that very line there (logging
+        unconfigured: its last-resort handler writes the message alone)."""
         import sys
 
-        print((verdict if verdict is not None else self._agreed_or_local()).message(),
-              file=sys.stderr, flush=True)
+        line = (verdict if verdict is not None else self._agreed_or_local()).message()
+        if line != self._on_stderr:
+            print(line, file=sys.stderr, flush=True)
         raise SystemExit(GUARD_EXIT_STATUS)
 
     def _agreed_or_local(self) -> Verdict:
@@ -366,7 +372,10 @@ class Guard:
 
     def _announce(self, verdict: Verdict) -> None:
         if verdict.stop:
-            log.warning("%s", verdict.message())
+            line = verdict.message()
+            log.warning("%s", line)
+            if reaches_last_resort(log, logging.WARNING):
+                self._on_stderr = line  # written to stderr as it is: exit() need not again
         else:
             log.info("%s", verdict.message())
         for callback in self._callbacks:
