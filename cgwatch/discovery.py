@@ -8,7 +8,7 @@ inputs (tests/test_discovery.py). The I/O layer (tree.py) feeds them the files' 
 from __future__ import annotations
 
 from . import values
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,9 +24,7 @@ class CgroupLine(Frozen):
     path: str
 
     def __init__(self, hierarchy_id: int, controllers: tuple[str, ...], path: str) -> None:
-        setter(self, "hierarchy_id", hierarchy_id)
-        setter(self, "controllers", controllers)
-        setter(self, "path", path)
+        fill(self, locals())
 
 
 class Mount(Frozen):
@@ -44,12 +42,7 @@ class Mount(Frozen):
     def __init__(self, root: str, mount_point: str, fstype: str,
                  super_options: tuple[str, ...], mount_id: int = -1,
                  parent_id: int = -1) -> None:
-        setter(self, "root", root)
-        setter(self, "mount_point", mount_point)
-        setter(self, "fstype", fstype)
-        setter(self, "super_options", super_options)
-        setter(self, "mount_id", mount_id)
-        setter(self, "parent_id", parent_id)
+        fill(self, locals())
 
 
 class Resolved(Frozen):
@@ -64,11 +57,7 @@ class Resolved(Frozen):
 
     def __init__(self, version: int, cgroup_path: str, mount_point: str, mount_root: str,
                  directory: str) -> None:
-        setter(self, "version", version)
-        setter(self, "cgroup_path", cgroup_path)
-        setter(self, "mount_point", mount_point)
-        setter(self, "mount_root", mount_root)
-        setter(self, "directory", directory)
+        fill(self, locals())
 
 
 class Unresolved(Frozen):
@@ -81,8 +70,7 @@ class Unresolved(Frozen):
     transient: bool
 
     def __init__(self, reason: str, transient: bool = False) -> None:
-        setter(self, "reason", reason)
-        setter(self, "transient", transient)
+        fill(self, locals())
 
 
 if TYPE_CHECKING:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,9 +48,7 @@ class Trend(Frozen):
     points: int
 
     def __init__(self, growth: float, peak: int, points: int) -> None:
-        setter(self, "growth", growth)
-        setter(self, "peak", peak)
-        setter(self, "points", points)
+        fill(self, locals())
 
     def seconds_left(self, line: Optional[int]) -> Optional[float]:
         """Seconds until the envelope reaches `line` (bytes) at this growth: 0.0 when it is

@@ -2,8 +2,10 @@
 ~5 ms of `import cgwatch` (it imports inspect, and so ast, dis, tokenize...) and whose every
 frozen class another ~0.2 ms to generate its methods.
 
-A subclass names its fields in `_fields`, in its `__init__`'s order, and sets each with
-`object.__setattr__` (`setter` below) in a hand-written `__init__` that mypy checks. The base
+A subclass names its fields in `_fields`, in its `__init__`'s order, and its hand-written,
+typed `__init__` (mypy checks every construction against it) takes one parameter per field,
+named as the field, and sets them all with `fill(self, locals())`; an `__init__` that works a
+value out first sets that field with `setter` (`object.__setattr__`). The base
 gives what `@dataclass(frozen=True)` gave: `==` and `hash()` over the compared fields (class
 and values), a `Name(field=value, ...)` repr, no assignment or deletion (AttributeError),
 `replace()`, and pickling/copying. A subclass with `__slots__` has no `__dict__`; one without
@@ -20,6 +22,17 @@ if TYPE_CHECKING:
     _F = TypeVar("_F", bound="Frozen")
 
 setter = object.__setattr__  # how an __init__ sets a field of its (frozen) instance
+
+
+def fill(obj: Frozen, values: dict[str, Any]) -> None:
+    """Set every field of a new `obj` from the `locals()` of its `__init__`, whose parameters
+    are named as the fields: the one line each value class's `__init__` needs, in place of a
+    `setter` line per field. It costs construction only, never a query (a Snapshot is built
+    on a change; queries read its slots): 970 -> 1572 ns for a 12-field Snapshot, 1421 ->
+    2350 ns for a 17-field LevelInfo against a line per field (timeit, best of 15, Python
+    3.11 here); `python -m bench.ab --quick` before -> after: available_memory() 0.98-1.04x."""
+    for name in obj._fields:
+        setter(obj, name, values[name])
 
 
 class Frozen:

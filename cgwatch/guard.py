@@ -8,14 +8,14 @@ before the kernel's OOM killer ends the job or memory.high throttling stalls it.
             if verdict.stop:
                 with guard.saving():          # times the save: later forecasts use it
                     save_checkpoint()
-                print(verdict.message(), file=sys.stderr)
-                sys.exit(cgwatch.GUARD_EXIT_STATUS)   # 75 (policy.py says why)
+                guard.exit(verdict)           # its line on stderr, exit 75 (policy.py: why)
 
 What it decides is policy.py (the triggers, their order, the exit status); how it predicts
-is forecast.py. This object samples and delivers, reading only through a monitor's public
-API (`available_memory()`, `levels()`, `status`), the `Events` of that monitor (OOM kills
-and v2 `high` rises on the path), and, on v2, each level's `memory.pressure` in the
-directory `levels()` names.
+is forecast.py, one forecast per level kept by trends.py's `LevelTrends` (as for the
+`cgwatch` table, `watch` and the Prometheus gauges). This object samples and delivers,
+reading only through a monitor's public API (`available_memory()`, `levels()`, `status`),
+the `Events` of that monitor (OOM kills and v2 `high` rises on the path), and, on v2, each
+level's `memory.pressure` in the directory `levels()` names.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
 sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
@@ -26,7 +26,9 @@ waiting for the clock. bench/guard.py measures both kinds of check.
 
 Every change of the decision (stop or not, the trigger, the level) is one log record on the
 "cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
-on the thread that called `check()`; never one per step.
+on the thread that called `check()`; never one per step. The stop line reaches stderr once:
+with logging unconfigured, the record itself is written there (logging's last resort), and
+`exit()` does not print that line again.
 
 Distributed jobs: once torch.distributed is initialised (with 2 or more ranks), every
 `sync_every`-th check is one all-reduce of one int64 across ranks (ranks.py), and every rank
@@ -47,11 +49,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import policy, ranks
+from . import policy, ranks, values
 from .alerts import Threshold
-from .forecast import Forecaster
 from .frozen import replace
+from .logs import reaches_last_resort
 from .policy import EXIT_STATUS, Reading, Throttling, Verdict
+from .trends import LevelTrends
 
 if TYPE_CHECKING:
     from .events import Events
@@ -114,15 +117,16 @@ class Guard:
         self.throttle_seconds = throttle_seconds
         self._configured_checkpoint = float(checkpoint_seconds)
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
-        self._forecast_shape = (bucket, span, window)
-        Forecaster(bucket=bucket, span=span, window=window)  # refuses a bad shape here
-        self._forecasters: dict[str, Forecaster] = {}
+        # The working-set forecast of each guarded level (trends.py, one owner of per-level
+        # forecasts); refuses a bad shape here, not at the first sample.
+        self._trends = LevelTrends(bucket=bucket, span=span, window=window)
         self._throttling = Throttling(pressure_threshold)
         self._psi: dict[str, tuple[float, int]] = {}  # path -> (time, total= us)
         self._high_seen: dict[str, int] = {}  # path -> `high` rises counted at the last sample
         self._high_rises: dict[str, int] = {}  # path -> `high` rises (Events thread writes)
         self._killed = 0  # OOM kills on the path (Events thread writes, checks read)
         self._callbacks: list[Callable[[Verdict], None]] = []
+        self._on_stderr = ""  # the stop line logging's last resort wrote on stderr (exit())
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
         self._due = 0.0  # the next sample, time.monotonic()
         self._near = 0  # available_memory() at or below this: sample every near_interval
@@ -191,11 +195,14 @@ class Guard:
 
     def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
         """End the job after its save: print `verdict.message()` (default: the last one
-        `check()` decided) to stderr and raise SystemExit(GUARD_EXIT_STATUS)."""
+        `check()` decided) to stderr and raise SystemExit(GUARD_EXIT_STATUS). Not printed
+        again when the stop's log record already wrote that very line there (logging
+        unconfigured: its last-resort handler writes the message alone)."""
         import sys
 
-        print((verdict if verdict is not None else self._agreed_or_local()).message(),
-              file=sys.stderr, flush=True)
+        line = (verdict if verdict is not None else self._agreed_or_local()).message()
+        if line != self._on_stderr:
+            print(line, file=sys.stderr, flush=True)
         raise SystemExit(GUARD_EXIT_STATUS)
 
     def _agreed_or_local(self) -> Verdict:
@@ -315,17 +322,15 @@ class Guard:
     def _read(self, now: float) -> list[Reading]:
         version: Optional[int] = None  # read only for a level with memory.high (v2's)
         readings = []
-        seen = set()
-        for lvl in self.monitor.levels():
-            if lvl.usage is None or lvl.inactive_file is None or lvl.hidden or (
-                    lvl.limit is None and lvl.high is None):
-                continue
+        levels = self.monitor.levels()
+        # The levels with a limit or memory.high and a read working set (trends.forecastable),
+        # each with its trend; a level no longer on the path is forgotten there.
+        trends = self._trends.add(now, levels)
+        for lvl in levels:
             path = lvl.cgroup_path
-            seen.add(path)
-            forecaster = self._forecasters.get(path)
-            if forecaster is None:
-                forecaster = self._forecasters[path] = _forecaster(self._forecast_shape)
-            forecaster.add(now, max(0, lvl.usage - lvl.inactive_file))
+            trend = trends.get(path)
+            if trend is None:
+                continue
             throttled_for, share = 0.0, None
             if lvl.high is not None:
                 if version is None:
@@ -335,13 +340,13 @@ class Guard:
                 high_rose = rises > self._high_seen.get(path, 0)
                 self._high_seen[path] = rises
                 throttled_for = self._throttling.update(now, path, share, high_rose)
-            readings.append(Reading(path, lvl.limit, lvl.headroom, forecaster.trend(),
-                                    lvl.high, throttled_for, share))
-        for gone in [p for p in self._forecasters if p not in seen]:
-            del self._forecasters[gone]  # a level no longer on the path: its history too
-            self._psi.pop(gone, None)
-            self._high_seen.pop(gone, None)
-        self._throttling.keep_only(seen)
+            readings.append(Reading(path, lvl.limit, lvl.headroom, trend, lvl.high,
+                                    throttled_for, share))
+        for gone in [p for p in self._psi if p not in trends]:
+            del self._psi[gone]  # a level no longer on the path: its PSI reading too
+        for gone in [p for p in self._high_seen if p not in trends]:
+            del self._high_seen[gone]
+        self._throttling.keep_only(set(trends))
         return readings
 
     def _stall_share(self, now: float, path: str, directory: str) -> Optional[float]:
@@ -353,18 +358,24 @@ class Guard:
                 text = os.read(fd, 4096)
             finally:
                 os.close(fd)
-            reading = (now, policy.parse_pressure(text, self.pressure))
+            total = values.parse_pressure(text).get(self.pressure)
         except (OSError, ValueError):
             # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
+            total = None
+        if total is None:  # unreadable, or no line of this kind
             self._psi.pop(path, None)
             return None
+        reading = (now, total)
         before = self._psi.get(path)
         self._psi[path] = reading
         return policy.stall_share(before, reading)
 
     def _announce(self, verdict: Verdict) -> None:
         if verdict.stop:
-            log.warning("%s", verdict.message())
+            line = verdict.message()
+            log.warning("%s", line)
+            if reaches_last_resort(log, logging.WARNING):
+                self._on_stderr = line  # written to stderr as it is: exit() need not again
         else:
             log.info("%s", verdict.message())
         for callback in self._callbacks:
@@ -372,9 +383,3 @@ class Guard:
                 callback(verdict)
             except Exception:  # noqa: BLE001 - a callback must not stop the training loop
                 log.exception("cgwatch guard: callback %r failed", callback)
-
-
-
-def _forecaster(shape: tuple[float, int, int]) -> Forecaster:
-    bucket, span, window = shape
-    return Forecaster(bucket=bucket, span=span, window=window)

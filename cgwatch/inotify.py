@@ -18,7 +18,7 @@ import os
 import struct
 
 from . import quota
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -62,9 +62,7 @@ class Target(Frozen):
     level_index: int  # which level (0 = the process's own cgroup)
 
     def __init__(self, path: str, kind: str, level_index: int) -> None:
-        setter(self, "path", path)
-        setter(self, "kind", kind)
-        setter(self, "level_index", level_index)
+        fill(self, locals())
 
 
 class WatchEvent(Frozen):
@@ -77,9 +75,7 @@ class WatchEvent(Frozen):
     name: str
 
     def __init__(self, target: Target, mask: int, name: str) -> None:
-        setter(self, "target", target)
-        setter(self, "mask", mask)
-        setter(self, "name", name)
+        fill(self, locals())
 
 
 class WatchUnavailable(Exception):

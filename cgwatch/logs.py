@@ -55,6 +55,18 @@ class LazyLogger:
 
 log = LazyLogger()
 
+
+def reaches_last_resort(logger: logging.Logger, level: int) -> bool:
+    """True when a record of `level` on `logger` goes to logging's last-resort handler:
+    stderr, the message alone (its format is "%(message)s"). That is when no handler is on
+    the logger or the ancestors it propagates to (Logger.callHandlers() then hands the record
+    to `logging.lastResort`, WARNING and up; Python 3.2+): logging left unconfigured."""
+    import logging
+
+    last = logging.lastResort
+    return last is not None and level >= last.level and logger.isEnabledFor(level) \
+        and not logger.hasHandlers()
+
 REPORTED_MAX = 100  # distinct problems logged per monitor
 
 # Reasons logged by this process (inherited by a fork child: what its parent said already

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,15 +53,7 @@ class FileNames(Frozen):
     def __init__(self, version: int, limit: str, usage: str, inactive_key: bytes, peak: str,
                  counters: tuple[str, ...], high: str, swap_limit: str,
                  swap_usage: str) -> None:
-        setter(self, "version", version)
-        setter(self, "limit", limit)
-        setter(self, "usage", usage)
-        setter(self, "inactive_key", inactive_key)
-        setter(self, "peak", peak)
-        setter(self, "counters", counters)
-        setter(self, "high", high)
-        setter(self, "swap_limit", swap_limit)
-        setter(self, "swap_usage", swap_usage)
+        fill(self, locals())
 
     @staticmethod
     def for_version(version: int) -> FileNames:

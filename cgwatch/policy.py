@@ -22,7 +22,7 @@ which neither 0 (done), 1 (failed) nor 137 (killed) says, and schedulers can req
 
 from __future__ import annotations
 
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 from .units import human_bytes
 
 TYPE_CHECKING = False
@@ -61,13 +61,7 @@ class Reading(Frozen):
     def __init__(self, cgroup_path: str, limit: Optional[int], headroom: Optional[int],
                  trend: Trend, high: Optional[int] = None, throttled_for: float = 0.0,
                  pressure: Optional[float] = None) -> None:
-        setter(self, "cgroup_path", cgroup_path)
-        setter(self, "limit", limit)
-        setter(self, "headroom", headroom)
-        setter(self, "trend", trend)
-        setter(self, "high", high)
-        setter(self, "throttled_for", throttled_for)
-        setter(self, "pressure", pressure)
+        fill(self, locals())
 
 
 class Verdict(Frozen):
@@ -102,10 +96,7 @@ class Verdict(Frozen):
                  pressure: Optional[float] = None, throttled_for: float = 0.0,
                  killed: int = 0, step: Optional[int] = None,
                  rank: Optional[int] = None) -> None:
-        for name, value in zip(self._fields, (stop, trigger, level, limit, headroom, reserve,
-                                              growth, seconds_left, lead, pressure,
-                                              throttled_for, killed, step, rank)):
-            setter(self, name, value)
+        fill(self, locals())
 
     def __bool__(self) -> bool:
         """True when the job should save and stop (`if guard.check(step): ...`)."""
@@ -197,20 +188,6 @@ def stall_share(before: Optional[tuple[float, int]], after: tuple[float, int]) -
     if before is None or after[0] <= before[0] or after[1] < before[1]:
         return None
     return min(1.0, (after[1] - before[1]) / 1e6 / (after[0] - before[0]))
-
-
-def parse_pressure(text: bytes, kind: str) -> int:
-    """`total=` (microseconds) of the `kind` line ("some" or "full") of a PSI file
-    (Documentation/accounting/psi.rst: `some avg10=0.00 avg60=0.00 avg300=0.00 total=12345`).
-    Raises ValueError when the line or its total is missing."""
-    for line in text.decode("ascii", "replace").splitlines():
-        name, _, rest = line.partition(" ")
-        if name == kind:
-            for item in rest.split():
-                key, _, number = item.partition("=")
-                if key == "total" and number.isascii() and number.isdigit():
-                    return int(number)
-    raise ValueError(f"no {kind} total= in memory.pressure: {text[:60]!r}")
 
 
 class Throttling:

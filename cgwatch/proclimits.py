@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import resource  # here, not when first needed: a lazy import fails with EMFILE (~0.1 ms)
 
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,10 +55,7 @@ class ProcessLimit(Frozen):
     note: str  # what the level's figures mean (shown as the level's problem)
 
     def __init__(self, kind: str, label: str, limit: int, note: str = "") -> None:
-        setter(self, "kind", kind)
-        setter(self, "label", label)
-        setter(self, "limit", limit)
-        setter(self, "note", note)
+        fill(self, locals())
 
 
 def parse_statm(data: bytes, page_size: int) -> list[int]:

@@ -77,20 +77,10 @@ SECONDS_TO_LIMIT_METRIC = "cgwatch_cgroup_seconds_to_limit"
 
 def parse_pressure_totals(text: values.Text) -> dict[str, float]:
     """The `total=` stall times of a PSI file (`memory.pressure`), in seconds, by kind
-    ("some", "full"). The kernel writes them in microseconds (Documentation/accounting/psi.rst;
-    one line per kind, `some avg10=0.00 avg60=0.00 avg300=0.00 total=12345`). Lines without a
-    total are ignored; raises ValueError when no line has one."""
-    shown = text.decode("ascii", "replace") if isinstance(text, bytes) else text
-    totals: dict[str, float] = {}
-    for line in shown.splitlines():
-        kind, _, rest = line.partition(" ")
-        for item in rest.split():
-            key, _, number = item.partition("=")
-            if key == "total":
-                totals[kind] = int(number) / 1e6
-    if not totals:
-        raise ValueError(f"no total= in memory.pressure: {shown[:40]!r}")
-    return totals
+    ("some", "full"): values.parse_pressure's microseconds (the one parser of the file, the
+    guard's too). Lines without a total are ignored; raises ValueError when a total is not a
+    number or no line has one."""
+    return {kind: total / 1e6 for kind, total in values.parse_pressure(text).items()}
 
 
 @dataclass

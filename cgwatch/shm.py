@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from .files import under_root
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,10 +32,7 @@ class ShmUsage(Frozen):
     available: int
 
     def __init__(self, path: str, size: int, used: int, available: int) -> None:
-        setter(self, "path", path)
-        setter(self, "size", size)
-        setter(self, "used", used)
-        setter(self, "available", available)
+        fill(self, locals())
 
     @property
     def percent_used(self) -> float:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from .frozen import Frozen, setter
+from .frozen import Frozen, fill
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,12 +60,7 @@ class SlurmPlace(Frozen):
     def __init__(self, job: int, step: Optional[str] = None, task: Optional[int] = None,
                  job_path: str = "", step_path: Optional[str] = None,
                  limit_step_path: Optional[str] = None) -> None:
-        setter(self, "job", job)
-        setter(self, "step", step)
-        setter(self, "task", task)
-        setter(self, "job_path", job_path)
-        setter(self, "step_path", step_path)
-        setter(self, "limit_step_path", limit_step_path)
+        fill(self, locals())
 
     @property
     def step_id(self) -> str:
@@ -118,11 +113,7 @@ class Declared(Frozen):
 
     def __init__(self, job: Optional[int], step: Optional[str], limit: Optional[int],
                  option: Optional[str], problem: Optional[str] = None) -> None:
-        setter(self, "job", job)
-        setter(self, "step", step)
-        setter(self, "limit", limit)
-        setter(self, "option", option)
-        setter(self, "problem", problem)
+        fill(self, locals())
 
 
 def _mib(text: str) -> int:

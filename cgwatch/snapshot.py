@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from . import discovery, names, proclimits, values
-from .frozen import Frozen, replace, setter
+from .frozen import Frozen, fill, replace
 from .headroom import binding_levels, headroom
 from .hostmem import HostMemory
 from .names import FileNames
@@ -58,16 +58,7 @@ class Status(Frozen):
                  cgroup_path: Optional[str], directory: Optional[str], host_source: str,
                  confirmed_at: Optional[float] = None, above: str = "",
                  thread: bool = False, watches: int = 0) -> None:
-        setter(self, "mode", mode)
-        setter(self, "reason", reason)
-        setter(self, "version", version)
-        setter(self, "cgroup_path", cgroup_path)
-        setter(self, "directory", directory)
-        setter(self, "host_source", host_source)
-        setter(self, "confirmed_at", confirmed_at)
-        setter(self, "above", above)
-        setter(self, "thread", thread)
-        setter(self, "watches", watches)
+        fill(self, locals())
 
 
 class LevelInfo(Frozen):
@@ -106,23 +97,7 @@ class LevelInfo(Frozen):
                  swap_limit: Optional[int] = None, swap_usage: Optional[int] = None,
                  hidden: bool = False, kind: str = "cgroup", slurm_role: Optional[str] = None,
                  slurm_id: Optional[str] = None) -> None:
-        setter(self, "cgroup_path", cgroup_path)
-        setter(self, "directory", directory)
-        setter(self, "limit", limit)
-        setter(self, "usage", usage)
-        setter(self, "inactive_file", inactive_file)
-        setter(self, "headroom", headroom)
-        setter(self, "binds_total", binds_total)
-        setter(self, "binds_available", binds_available)
-        setter(self, "problem", problem)
-        setter(self, "high", high)
-        setter(self, "high_headroom", high_headroom)
-        setter(self, "swap_limit", swap_limit)
-        setter(self, "swap_usage", swap_usage)
-        setter(self, "hidden", hidden)
-        setter(self, "kind", kind)
-        setter(self, "slurm_role", slurm_role)
-        setter(self, "slurm_id", slurm_id)
+        fill(self, locals())
 
 
 class Snapshot(Frozen):
@@ -156,18 +131,7 @@ class Snapshot(Frozen):
                  pending: Optional[Callable[[float], list[tuple[int, int]]]] = None,
                  trusted: bool = False, generation: int = 0, uncached: bool = False,
                  process: tuple[ProcessLimit, ...] = ()) -> None:
-        setter(self, "total", total)
-        setter(self, "limited", limited)
-        setter(self, "levels", levels)
-        setter(self, "host", host)
-        setter(self, "status", status)
-        setter(self, "resolution", resolution)
-        setter(self, "expires", expires)
-        setter(self, "pending", pending)
-        setter(self, "trusted", trusted)
-        setter(self, "generation", generation)
-        setter(self, "uncached", uncached)
-        setter(self, "process", process)
+        fill(self, locals())
 
 
 def make(res: discovery.Resolved, levels: tuple[Level, ...], host: HostMemory, mode: str,

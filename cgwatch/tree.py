@@ -13,7 +13,7 @@ import os
 
 from . import discovery, names, values
 from .files import read_file, under_root
-from .frozen import Frozen, replace, setter
+from .frozen import Frozen, fill, replace
 from .kept import KeptDir, kept_dir
 from .names import FileNames
 
@@ -40,12 +40,7 @@ class Level(Frozen):
     def __init__(self, cgroup_path: str, directory: str, limit: Optional[int],
                  problem: Optional[str] = None, kept: Optional[KeptDir] = None,
                  hidden: bool = False) -> None:
-        setter(self, "cgroup_path", cgroup_path)
-        setter(self, "directory", directory)
-        setter(self, "limit", limit)
-        setter(self, "problem", problem)
-        setter(self, "kept", kept)
-        setter(self, "hidden", hidden)
+        fill(self, locals())
 
     def read(self, name: str) -> bytes:
         """A file of this level through the process's kept descriptor (raises OSError)."""

@@ -71,6 +71,28 @@ def parse_flat_keyed(data: Text) -> dict[str, int]:
     return result
 
 
+def parse_pressure(data: Text) -> dict[str, int]:
+    """The `total=` of each line of a PSI file (`memory.pressure`) by kind ("some", "full"), in
+    microseconds. The kernel writes one line per kind, `some avg10=0.00 avg60=0.00 avg300=0.00
+    total=12345` (Documentation/accounting/psi.rst; psi_show() in kernel/sched/psi.c prints it
+    with "%llu": ASCII digits only, as is_number() takes). A line without a total is left out;
+    raises ValueError when a total is not a number (a sign, an underscore, a non-ASCII digit,
+    more digits than a u64: what int() would take) or when no line has one."""
+    text = _as_str(data)
+    totals: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        for item in rest.split():
+            key, _, number = item.partition("=")
+            if key == "total":
+                if not is_number(number):
+                    raise ValueError(f"not a PSI total in memory.pressure: {line[:60]!r}")
+                totals[kind] = int(number)
+    if not totals:
+        raise ValueError(f"no total= in memory.pressure: {text[:60]!r}")
+    return totals
+
+
 def find_stat_value(data: bytes, key: bytes) -> int:
     """One value out of memory.stat without parsing the whole file (this is the hot path)."""
     start = data.find(b"\n" + key + b" ") + 1

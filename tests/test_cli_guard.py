@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from cgwatch.cli.run import guarded_status
+from cgwatch.cli.runguard import guarded_status
 from cgwatch.policy import RESERVE, Verdict
 from tests.fake_tree import FakeHost, MiB
 

@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import pytest
 
+from cgwatch.cli.child import exit_status
 from cgwatch.cli.explain import (
     Above,
     Culprit,
@@ -18,7 +19,6 @@ from cgwatch.cli.explain import (
     explain_sampled,
     find_culprit,
 )
-from cgwatch.cli.run import exit_status
 from cgwatch.event import Event
 
 MiB = 1 << 20

@@ -7,6 +7,9 @@ tests/test_guard_real.py."""
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -15,7 +18,7 @@ import pytest
 import cgwatch
 from cgwatch import Guard, Monitor, Verdict
 from cgwatch.events import Events
-from tests.cgroup_helpers import wait_for
+from tests.cgroup_helpers import PROJECT, wait_for
 from tests.fake_tree import FakeHost, GiB, MiB
 
 PSI_LINE = "some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\n" \
@@ -206,3 +209,47 @@ def test_a_failing_callback_does_not_break_check(host: FakeHost, monitor: Monito
         host.set_usage("/job", 4 * GiB - 10 * MiB, 0)
         assert guard.check(0).stop
         guard.unsubscribe(boom)
+
+
+# A job under the guard, in a process of its own: pytest's logging plugin puts handlers on the
+# root logger, so only a fresh interpreter has logging as a user's script leaves it. The stop:
+# 3.9 GiB used of 4 GiB, 102 MiB left under the 5% reserve (204.8 MiB).
+STOPPING_JOB = """
+import logging, sys
+sys.path.insert(0, {project!r})
+from cgwatch import Guard, Monitor
+from tests.fake_tree import FakeHost, GiB, MiB
+if {log_file!r}:
+    logging.basicConfig(filename={log_file!r})
+host = FakeHost({root!r}, 2, cgroup_path="/job")
+host.make_path({{"/job": 4 * GiB}})
+host.set_usage("/job", 4 * GiB - 102 * MiB, 0)
+with Monitor(host.root, thread=False) as monitor:
+    guard = Guard(monitor, interval=0.0, events=False)
+    for step in range(5):
+        verdict = guard.check(step)
+        if verdict.stop:
+            guard.exit(verdict)
+"""
+STOP_LINE = ("cgwatch guard: save and stop at step 0: cgroup /job: headroom 102.0 MiB of "
+             "4.0 GiB, below the reserve of 204.8 MiB")
+
+
+@pytest.mark.parametrize("configured", [False, True], ids=["logging-unconfigured",
+                                                             "logging-to-a-file"])
+def test_the_stop_line_reaches_stderr_once(tmp_path: object, configured: bool) -> None:
+    """Unconfigured, the stop's WARNING record goes to stderr through logging's last-resort
+    handler (the message alone), and exit() printed the same line after it: two lines.
+    Now one. With logging sent to a file, exit()'s line is the one on stderr, and the record
+    is in the file."""
+    log_file = os.path.join(str(tmp_path), "log") if configured else ""
+    code = STOPPING_JOB.format(project=PROJECT, log_file=log_file,
+                               root=os.path.join(str(tmp_path), "tree"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 75, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [STOP_LINE]
+    if configured:
+        with open(log_file) as f:
+            assert f.read().splitlines() == [f"WARNING:cgwatch:{STOP_LINE}"]

@@ -1,6 +1,7 @@
 """The guard's policy (cgwatch/policy.py) as tables: which readings make it stop, which trigger
-it names and in what order; the PSI parsing and the stall share; the throttling clock. The
-levels are a Slurm-like job (/job 4 GiB) inside a node's slice (/ 16 GiB)."""
+it names and in what order; the PSI stall share (the PSI file's parser is
+values.parse_pressure, tested in tests/test_values.py); the throttling clock. The levels are
+a Slurm-like job (/job 4 GiB) inside a node's slice (/ 16 GiB)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from cgwatch.policy import (
     Throttling,
     Verdict,
     decide,
-    parse_pressure,
     stall_share,
 )
 
@@ -129,36 +129,6 @@ def test_message(verdict: Verdict, text: str) -> None:
 
 def test_exit_status_is_ex_tempfail() -> None:
     assert EXIT_STATUS == 75
-
-
-# PSI files as 6.1 (the VM tier, cgroup v2) writes them; the `full` line exists for memory.
-PSI = b"some avg10=1.50 avg60=0.40 avg300=0.08 total=2500000\n" \
-      b"full avg10=1.20 avg60=0.30 avg300=0.06 total=1800000\n"
-
-PRESSURE = [
-    pytest.param(PSI, "some", 2500000, id="some"),
-    pytest.param(PSI, "full", 1800000, id="full"),
-    # 4.20-5.1 memory.pressure had both lines too; a `some`-only file (cpu.pressure before
-    # 5.13) has no full line:
-    pytest.param(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", "some", 0,
-                 id="zero"),
-]
-
-
-@pytest.mark.parametrize(("text", "kind", "want"), PRESSURE)
-def test_parse_pressure(text: bytes, kind: str, want: int) -> None:
-    assert parse_pressure(text, kind) == want
-
-
-@pytest.mark.parametrize("text", [
-    pytest.param(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", id="no-full-line"),
-    pytest.param(b"", id="empty"),
-    pytest.param(b"full avg10=0.00 total=-5\n", id="negative"),
-    pytest.param(b"full avg10=0.00 total=\xd9\xa3\n", id="arabic-indic-digit"),
-])
-def test_parse_pressure_refuses(text: bytes) -> None:
-    with pytest.raises(ValueError):
-        parse_pressure(text, "full")
 
 
 STALLS = [

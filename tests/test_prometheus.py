@@ -29,6 +29,7 @@ from cgwatch import prometheus as exporter  # noqa: E402
 from tests.cgroup_helpers import PROJECT  # noqa: E402
 from tests.fake_tree import FakeHost, GiB, MiB  # noqa: E402
 from tests.prometheus.loopback import ensure_up_in_vm  # noqa: E402
+from tests.test_values import PRESSURE_TIGHTENED  # noqa: E402
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -243,6 +244,15 @@ def test_pressure_totals(text: str, expected: dict[str, float]) -> None:
 
 @pytest.mark.parametrize("text", ["", "some avg10=0.00\n", "garbage\n"])
 def test_pressure_without_a_total_is_an_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        exporter.parse_pressure_totals(text)
+
+
+@pytest.mark.parametrize("text", PRESSURE_TIGHTENED)
+def test_pressure_total_that_int_took_is_an_error(text: str) -> None:
+    """The collector's parser is values.parse_pressure now: what its int() took before
+    (a sign, an underscore, a non-ASCII digit, 21 digits) is refused (the rows and their
+    traps: tests/test_values.py)."""
     with pytest.raises(ValueError):
         exporter.parse_pressure_totals(text)
 

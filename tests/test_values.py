@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import pytest
 
@@ -201,3 +201,62 @@ def test_zoneinfo_reserve_bound() -> None:
 def test_zoneinfo_ignores_non_ascii_digits() -> None:
     text = ZONEINFO.replace("high     67", "high     \u0666\u0667")
     assert values.parse_zoneinfo_reserve_bound(text) == 5579 + (13676 + 2560)
+
+
+# PSI files as 6.1 (the VM tier, cgroup v2) writes them; the `full` line exists for memory.
+PSI = b"some avg10=1.50 avg60=0.40 avg300=0.08 total=2500000\n" \
+      b"full avg10=1.20 avg60=0.30 avg300=0.06 total=1800000\n"
+
+
+class PressureRow(NamedTuple):
+    text: values.Text
+    want: dict[str, int]  # microseconds by kind, written out
+
+
+PRESSURE = [
+    pytest.param(PressureRow(PSI, {"some": 2500000, "full": 1800000}), id="both-lines"),
+    # 4.20-5.1 memory.pressure had both lines too; a `some`-only file (cpu.pressure before
+    # 5.13) has no full line: no "full" total, which the guard reads as "PSI unread".
+    pytest.param(PressureRow(b"some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n", {"some": 0}),
+                 id="zero-no-full-line"),
+    pytest.param(PressureRow("some avg10=1.23 avg60=0.40 avg300=0.10 total=7\n", {"some": 7}),
+                 id="str"),
+    # The largest u64 the kernel's "%llu" can print.
+    pytest.param(PressureRow(b"full avg10=0.00 avg60=0.00 avg300=0.00 total=18446744073709551615\n",
+                             {"full": 18446744073709551615}), id="u64-max"),
+]
+
+
+@pytest.mark.parametrize("row", PRESSURE)
+def test_parse_pressure(row: PressureRow) -> None:
+    assert values.parse_pressure(row.text) == row.want
+
+
+# Refused before by both parsers (no total; the guard's digits-only check).
+PRESSURE_REFUSED = [
+    pytest.param(b"", id="empty"),
+    pytest.param(b"some avg10=0.00\n", id="no-total"),
+    pytest.param(b"full avg10=0.00 total=\xd9\xa3\n", id="arabic-indic-digit-bytes"),
+    pytest.param(b"full avg10=0.00 total=\n", id="empty-total"),
+    # `total= 5`: the space splits the item, so the total is empty (int("") refused it too).
+    pytest.param(b"full avg10=0.00 total= 5\n", id="space-after-equals"),
+]
+
+# The tightening: the Prometheus collector's parser took these through int() before the one
+# digits-only parser (int() reads signs, underscores and non-ASCII digits, and any length).
+PRESSURE_TIGHTENED = [
+    pytest.param(b"full avg10=0.00 total=-5\n", id="negative"),
+    pytest.param(b"some avg10=0.00 total=+5\n", id="plus-sign"),
+    pytest.param(b"some avg10=0.00 total=1_000\n", id="underscore"),
+    pytest.param("some avg10=0.00 total=\u0663\n", id="arabic-indic-digit-str"),
+    pytest.param("some avg10=0.00 total=\uff15\n", id="fullwidth-digit-str"),
+    pytest.param(b"some avg10=0.00 total=" + b"1" * 21 + b"\n", id="more-digits-than-a-u64"),
+    # One good line does not make a file with a bad total trustworthy.
+    pytest.param(b"some avg10=0.00 total=5\nfull avg10=0.00 total=+5\n", id="one-line-bad"),
+]
+
+
+@pytest.mark.parametrize("text", PRESSURE_REFUSED + PRESSURE_TIGHTENED)
+def test_parse_pressure_refuses(text: values.Text) -> None:
+    with pytest.raises(ValueError):
+        values.parse_pressure(text)

@@ -3,7 +3,7 @@ limit the kernel says was reached (a visible level's, one above the visible hier
 the host ran out), the limit, the peak usage, and what would help.
 
 `find_culprit` (which level ran out of memory) and `explain` (the text) are pure and
-table-tested in tests/test_cli_run_explain.py; run.py gathers their inputs.
+table-tested in tests/test_cli_run_explain.py; cause.py gathers their inputs.
 """
 
 from __future__ import annotations
