@@ -1,6 +1,6 @@
 """A tiny training job per framework, with a leak at a controlled rate and cgwatch's guard;
-run by tests/integration/test_guard_training.py and test_guard_ranks.py in memory-limited
-cgroups.
+run by tests/integration/test_guard_training.py and test_guard_ranks_trainers.py in
+memory-limited cgroups.
 
     python guarded_train.py FRAMEWORK MODE STEPS OUT [LEAK_MIB]
 
@@ -335,6 +335,11 @@ def main(argv: list[str]) -> int:
     # abort there (`terminate called without an active exception`, NOTES.md section 6).
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        if mode == "onecgroup" and status == 75:
+            # Leave together: torchrun SIGTERMs the ranks still running 0.1 s (its
+            # --monitor-interval) after one exits non-zero, Lightning's launcher SIGKILLs
+            # rank 0 when its child exits non-zero first (docs/guard.md).
+            dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
