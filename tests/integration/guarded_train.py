@@ -25,7 +25,7 @@ there before its first step. onecgroup ranks each send their output
 to OUT/onecgroup-rank<r>.log (a launcher's streams are shared). The
 rank is $RANK (torchrun) or $LOCAL_RANK (Lightning's own launcher sets only that); the world
 size $WORLD_SIZE, or $GUARDTEST_WORLD where nothing sets it yet (Lightning's first process).
-Each rank's exit status also goes to OUT/<mode>-rank<r>.status just before it exits.
+Each rank's exit status also goes to OUT/<mode>-rank<r>.status as it starts to leave.
 """
 
 from __future__ import annotations
@@ -331,6 +331,9 @@ def main(argv: list[str]) -> int:
 
         traceback.print_exc()
         status = 1
+    # Before the teardown: a launcher may kill a rank that is still leaving (below).
+    with open(os.path.join(job.out, f"{mode}-rank{job.rank}.status"), "w") as f:
+        f.write(str(status))
     # Tear the group down and leave without the interpreter's exit: torch + gloo ranks can
     # abort there (`terminate called without an active exception`, NOTES.md section 6).
     dist = sys.modules.get("torch.distributed")
@@ -343,8 +346,6 @@ def main(argv: list[str]) -> int:
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
-    with open(os.path.join(job.out, f"{mode}-rank{job.rank}.status"), "w") as f:
-        f.write(str(status))
     os._exit(status)
 
 
