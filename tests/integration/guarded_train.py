@@ -1,5 +1,6 @@
 """A tiny training job per framework, with a leak at a controlled rate and cgwatch's guard;
-run by tests/integration/test_guard_training.py inside a memory-limited cgroup.
+run by tests/integration/test_guard_training.py and test_guard_ranks_trainers.py in
+memory-limited cgroups.
 
     python guarded_train.py FRAMEWORK MODE STEPS OUT [LEAK_MIB]
 
@@ -8,14 +9,23 @@ with cgwatch.integrations.transformers.GuardCallback), lightning (with
 cgwatch.integrations.lightning.GuardCallback and torchdata's StatefulDataLoader), deepspeed
 (ZeRO-2 on the CPU accelerator with cgwatch.integrations.deepspeed_guard.guard_step).
 MODE: guard (leak + guard: saves and exits with the guard's status), onerank (plain only,
-no leak: the last rank's guard has a reserve above any limit, the others none), control (leak, no
-guard: the kernel kills it), reference (no leak, no guard, STEPS steps), resume (from the
-checkpoint the guard run wrote, up to STEPS). Every step's loss, the guard's verdict and the
-checkpoint go to OUT/<mode>-rank<r>.json before the process exits. The models are built here
-(nothing is downloaded); the data are seeded random numbers.
+no leak: the last rank's guard has a reserve above any limit, the others none), onecgroup
+(hf, lightning, deepspeed as two ranks: leak + guard, the leak and a limited cgroup on one
+rank only, below), control (leak, no guard: the kernel kills it), reference (no leak, no
+guard, STEPS steps), resume (from the checkpoint the guard run wrote, up to STEPS). Every
+step's loss, the guard's verdict and the checkpoint go to OUT/<mode>-rank<r>.json before the
+process exits. The models are built here (nothing is downloaded); the data are seeded random
+numbers.
 
 The leak is LEAK_MIB MiB of written bytes after every step (a calloc'ed zero buffer may not
-be charged), on the last rank only.
+be charged), on the last rank only; in onecgroup mode on rank $GUARDTEST_CGROUP_RANK only,
+which first moves itself into the cgroup directory $GUARDTEST_CGROUP (before importing
+anything big, so all it allocates is charged there) and writes $GUARDTEST_BALLAST_MIB MiB
+there before its first step. onecgroup ranks each send their output
+to OUT/onecgroup-rank<r>.log (a launcher's streams are shared). The
+rank is $RANK (torchrun) or $LOCAL_RANK (Lightning's own launcher sets only that); the world
+size $WORLD_SIZE, or $GUARDTEST_WORLD where nothing sets it yet (Lightning's first process).
+Each rank's exit status also goes to OUT/<mode>-rank<r>.status as it starts to leave.
 """
 
 from __future__ import annotations
@@ -41,9 +51,11 @@ class Job:
         self.mode = mode
         self.steps = steps
         self.out = out
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+        self.world = int(os.environ.get("WORLD_SIZE", os.environ.get("GUARDTEST_WORLD", "1")))
         leaking = mode in ("guard", "control") and self.rank == self.world - 1
+        if mode == "onecgroup":
+            leaking = self.rank == int(os.environ["GUARDTEST_CGROUP_RANK"])
         self.leak_bytes = leak_mib << 20 if leaking else 0
         self.losses: dict[int, float] = {}
         self.result: dict[str, Any] = {"framework": framework, "mode": mode,
@@ -178,10 +190,10 @@ def hf(job: Job) -> None:
         output_dir=job.checkpoint, max_steps=job.steps, per_device_train_batch_size=BATCH,
         learning_rate=1e-3, lr_scheduler_type="constant", use_cpu=True, report_to=[],
         save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
-        dataloader_num_workers=0)
+        dataloader_num_workers=0, ddp_find_unused_parameters=False)
     callbacks: list[Any] = [Leak()]
     guard = None
-    if job.mode == "guard":
+    if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(**GUARD)
         callbacks.append(guard)
     trainer = Recording(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
@@ -235,10 +247,13 @@ def lightning(job: Job) -> None:
                                 shuffle=False, num_workers=0)
     callbacks: list[Any] = [Leak()]
     guard = None
-    if job.mode == "guard":
+    if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(dirpath=job.checkpoint, **GUARD)
         callbacks.append(guard)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=job.steps, logger=False,
+    # Two ranks as Lightning's users run them on the CPU: it starts rank 1 itself (NOTES.md §3).
+    trainer = L.Trainer(accelerator="cpu", devices=job.world,
+                        strategy="ddp" if job.world > 1 else "auto", max_steps=job.steps,
+                        logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=job.out,
                         callbacks=callbacks)
@@ -278,7 +293,7 @@ def deepspeed_zero2(job: Job) -> None:
     if job.mode == "resume":
         _, client = engine.load_checkpoint(job.checkpoint)  # tag None: the `latest` file
         start = client["step"]
-    guard = cgwatch.Guard(**GUARD) if job.mode == "guard" else None
+    guard = cgwatch.Guard(**GUARD) if job.mode in ("guard", "onecgroup") else None
     for step in range(start + 1, job.steps + 1):
         i = ((step - 1) * job.world + job.rank) % batches
         loss = torch.nn.functional.mse_loss(engine(x[i * BATCH:(i + 1) * BATCH]),
@@ -304,19 +319,49 @@ FRAMEWORKS: dict[str, Callable[[Job], None]] = {
 def main(argv: list[str]) -> int:
     framework, mode, steps, out = argv[:4]
     job = Job(framework, mode, int(steps), out, int(argv[4]) if len(argv) > 4 else 0)
+    if mode == "onecgroup":
+        _own_log_and_cgroup(job)
     status = 0
     try:
         FRAMEWORKS[framework](job)
     except SystemExit as e:  # the guard's exit: its status, after the group is torn down
         status = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the status file must say it failed
+        import traceback
+
+        traceback.print_exc()
+        status = 1
+    # Before the teardown: a launcher may kill a rank that is still leaving (below).
+    with open(os.path.join(job.out, f"{mode}-rank{job.rank}.status"), "w") as f:
+        f.write(str(status))
     # Tear the group down and leave without the interpreter's exit: torch + gloo ranks can
     # abort there (`terminate called without an active exception`, NOTES.md section 6).
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        if mode == "onecgroup" and status == 75:
+            # Leave together: torchrun SIGTERMs the ranks still running 0.1 s (its
+            # --monitor-interval) after one exits non-zero, Lightning's launcher SIGKILLs
+            # rank 0 when its child exits non-zero first (docs/guard.md).
+            dist.barrier()
         dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def _own_log_and_cgroup(job: Job) -> None:
+    """onecgroup mode: this rank's output to its own log (both ranks share the launcher's
+    streams), and the limited rank into its cgroup before it imports torch."""
+    log = os.open(os.path.join(job.out, f"{job.mode}-rank{job.rank}.log"),
+                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    if job.leak_bytes:
+        with open(os.path.join(os.environ["GUARDTEST_CGROUP"], "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        # A head start (written, so charged): fewer leaking steps to the reserve.
+        _leaked.append(b"\x01" * (int(os.environ.get("GUARDTEST_BALLAST_MIB", "0")) << 20))
 
 
 if __name__ == "__main__":
