@@ -136,18 +136,26 @@ def from_environ(environ: Mapping[str, str]) -> Optional[Declared]:
         per_node = environ.get("SLURM_MEM_PER_NODE")
         per_cpu = environ.get("SLURM_MEM_PER_CPU")
         if per_node is not None:
-            mib = _mib(per_node)
-            if mib:
-                limit, option = mib * MIB, f"--mem={mib}M"
+            limit, option = _declared(_mib(per_node) * MIB, None, None)
         elif per_cpu is not None:
-            mib = _mib(per_cpu)
-            cpus = _mib(environ.get("SLURM_CPUS_ON_NODE", ""))
-            if mib and cpus:
-                limit = mib * cpus * MIB
-                option = f"--mem-per-cpu={mib}M (x {cpus} CPU{'s' if cpus > 1 else ''})"
+            limit, option = _declared(None, _mib(per_cpu) * MIB,
+                                      _mib(environ.get("SLURM_CPUS_ON_NODE", "")))
     except ValueError as exc:
         problem = str(exc)
     return Declared(int(job_text), step, limit, option, problem)
+
+
+def _declared(per_node: Optional[int], per_cpu: Optional[int],
+              cpus: Optional[int]) -> tuple[Optional[int], Optional[str]]:
+    """The limit in bytes and the option text it was asked with (`--mem=300M`, or
+    `--mem-per-cpu=100M (x 2 CPUs)`), the same whether the environment or the controller
+    said it; (None, None) for 0 (the whole node) or no CPU count."""
+    if per_node is not None:
+        return (per_node, f"--mem={per_node // MIB}M") if per_node else (None, None)
+    if per_cpu and cpus:
+        return per_cpu * cpus, (f"--mem-per-cpu={per_cpu // MIB}M "
+                                f"(x {cpus} CPU{'s' if cpus > 1 else ''})")
+    return None, None
 
 
 def needs_controller(environ: Mapping[str, str],
@@ -191,17 +199,12 @@ def from_scontrol(text: str, job: int, step: Optional[str],
         if fields.get("JobId") != str(job):
             raise ValueError(f"not job {job}'s line: {text.strip()[:80]!r}")
         if "MinMemoryNode" in fields:
-            size = _size_bytes(fields["MinMemoryNode"])
-            if size:
-                limit, option = size, f"--mem={size // MIB}M"
+            limit, option = _declared(_size_bytes(fields["MinMemoryNode"]), None, None)
         elif "MinMemoryCPU" in fields:
             size = _size_bytes(fields["MinMemoryCPU"])
             if not cpus_on_node:
                 raise ValueError("MinMemoryCPU without SLURM_CPUS_ON_NODE")
-            if size:
-                limit = size * cpus_on_node
-                option = (f"--mem-per-cpu={size // MIB}M "
-                          f"(x {cpus_on_node} CPU{'s' if cpus_on_node > 1 else ''})")
+            limit, option = _declared(None, size, cpus_on_node)
         else:
             raise ValueError(f"no MinMemoryNode or MinMemoryCPU: {text.strip()[:80]!r}")
     except ValueError as exc:
