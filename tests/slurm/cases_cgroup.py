@@ -50,14 +50,18 @@ def test_srun_mem_per_cpu_times_cpus() -> None:
 
 
 def test_two_tasks_of_one_step_share_its_limit() -> None:
-    out = srun("--mem=256M", "--ntasks=2", PYTHON, "-m", "cgwatch", "--json").stdout
-    # two JSON objects, one per task, in either order
-    decoder, found, pos = json.JSONDecoder(), [], 0
-    while pos < len(out.rstrip()):
-        obj, pos = decoder.raw_decode(out, pos)
-        found.append(obj)
-        while pos < len(out) and out[pos].isspace():
-            pos += 1
+    # srun merges the tasks' stdout line by line, so two tasks' JSON can interleave (seen in
+    # a clean-clone run: a line of task 1 between task 0's first two); --label prefixes each
+    # line with its task ("0: "), and each task's lines are put back together by it.
+    out = srun("--label", "--mem=256M", "--ntasks=2", PYTHON, "-m", "cgwatch",
+               "--json").stdout
+    lines: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        task, sep, rest = line.partition(": ")
+        assert sep and task.strip().isdigit(), line
+        lines.setdefault(task.strip(), []).append(rest)
+    assert sorted(lines) == ["0", "1"]
+    found = [json.loads("\n".join(lines[task])) for task in sorted(lines)]
     assert len(found) == 2
     assert sorted(d["levels"][0]["cgroup_path"].rsplit("/", 1)[1] for d in found) \
         == ["task_0", "task_1"]
