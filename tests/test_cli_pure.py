@@ -229,3 +229,45 @@ def test_explain_shm(status: int, sig: Optional[int], peak: Optional[ShmUsage],
     assert expected in flat
     assert "docker run --shm-size" in flat and "emptyDir with medium: Memory" in flat
     assert "16.0 MiB of 16.0 MiB" in flat and "(1.0 GiB of memory is available)" in flat
+
+
+# ---- `cgwatch run`: the arguments checked, the end's label ----------------------------------
+
+def _run_args(command: list[str], guard: bool = False, **options: Any) -> Any:
+    import argparse
+
+    values = {"signal": None, "reserve": None, "checkpoint_seconds": None, **options}
+    return argparse.Namespace(command=command, guard=guard, **values)
+
+
+@pytest.mark.parametrize("args, expected", [
+    pytest.param(_run_args(["--", "sleep", "1"]), (["sleep", "1"], ""), id="dash-dash-dropped"),
+    pytest.param(_run_args(["sleep", "--", "x"]), (["sleep", "--", "x"], ""),
+                 id="a-later-dash-dash-is-cmd-s"),
+    pytest.param(_run_args(["--"]), ([], "give a command: cgwatch run -- CMD [ARGS]"),
+                 id="no-command"),
+    pytest.param(_run_args([]), ([], "give a command: cgwatch run -- CMD [ARGS]"),
+                 id="nothing"),
+    pytest.param(_run_args(["true"], signal=signal.SIGUSR1), (["true"], "--signal needs --guard"),
+                 id="signal-without-guard"),
+    pytest.param(_run_args(["true"], reserve=Threshold(bytes=MiB), checkpoint_seconds=2.0),
+                 (["true"], "--reserve needs --guard"), id="the-first-guard-option-named"),
+    pytest.param(_run_args(["true"], checkpoint_seconds=2.0),
+                 (["true"], "--checkpoint-seconds needs --guard"), id="checkpoint-seconds"),
+    pytest.param(_run_args(["true"], guard=True, signal=signal.SIGUSR1), (["true"], ""),
+                 id="with-guard"),
+])
+def test_run_check_arguments(args: Any, expected: tuple[list[str], str]) -> None:
+    from cgwatch.cli.run import check_arguments
+
+    assert check_arguments(args) == expected
+
+
+@pytest.mark.parametrize("returncode, label", [
+    (0, "exit 0"), (3, "exit 3"), (75, "exit 75"),
+    (-signal.SIGKILL, "killed by SIGKILL"), (-signal.SIGTERM, "killed by SIGTERM"),
+])
+def test_run_end_label(returncode: int, label: str) -> None:
+    from cgwatch.cli.run import end_label
+
+    assert end_label(returncode) == label

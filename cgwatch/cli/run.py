@@ -48,11 +48,11 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from ..events import Events, Item
 from ..monitor import Monitor
-from .cause import ShmSampler, find_cause, read_host_oom_kills, report_json, write_report
+from .cause import Cause, ShmSampler, find_cause, read_host_oom_kills, report_json, write_report
 from .child import SignalRelay, exit_status, prefer_not_to_be_killed
 from .coalesce import Coalescer, rises_suffix
 from .explain import signal_name
@@ -65,29 +65,58 @@ if TYPE_CHECKING:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    """`cgwatch run`: check the arguments, run CMD, report (the module docstring)."""
+    command, problem = check_arguments(args)
+    if problem:
+        print(f"cgwatch run: {problem}", file=sys.stderr)
+        return 2
+    logger = logging.getLogger("cgwatch")
+    if not logger.handlers:
+        # The library's own warnings (a fallback, say) would otherwise reach stderr through
+        # logging's last-resort handler: `run` adds nothing to CMD's output unless asked.
+        logger.addHandler(logging.NullHandler())
+    ran = _run(args, command)
+    if isinstance(ran, int):
+        return ran  # CMD could not start (126, 127)
+    return _report(args, command, ran)
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
+    """CMD from the arguments, and the usage error ("" when none); pure."""
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        print("cgwatch run: give a command: cgwatch run -- CMD [ARGS]", file=sys.stderr)
-        return 2
+        return command, "give a command: cgwatch run -- CMD [ARGS]"
     guard_options = [name for name, value in (("--signal", args.signal),
                                               ("--reserve", args.reserve),
                                               ("--checkpoint-seconds",
                                                args.checkpoint_seconds))
                      if value is not None]
     if guard_options and not args.guard:
-        print(f"cgwatch run: {guard_options[0]} needs --guard", file=sys.stderr)
-        return 2
-    name = os.path.basename(command[0])
-    logger = logging.getLogger("cgwatch")
-    if not logger.handlers:
-        # The library's own warnings (a fallback, say) would otherwise reach stderr through
-        # logging's last-resort handler: `run` adds nothing to CMD's output unless asked.
-        logger.addHandler(logging.NullHandler())
-    runlog = RunLog()
-    pid: Optional[int] = None
+        return command, f"{guard_options[0]} needs --guard"
+    return command, ""
 
+
+class _Ran:
+    """What running CMD left for the report."""
+
+    def __init__(self, pid: int, returncode: int, cause: Cause, runlog: RunLog,
+                 shm: ShmSampler, guarding: Optional[GuardThread],
+                 recorder: Optional[Recorder]) -> None:
+        self.pid = pid
+        self.returncode = returncode
+        self.cause = cause
+        self.runlog = runlog
+        self.shm = shm
+        self.guarding = guarding
+        self.recorder = recorder
+
+
+def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
+    """Run CMD with its watchers; what it left, or 127/126 when it could not start."""
+    name = os.path.basename(command[0])
+    runlog = RunLog()
     with Monitor(args.root) as monitor, Events(monitor, log=False, queue_size=0) as events:
         printer = _Verbose(events) if args.verbose else None
 
@@ -116,7 +145,6 @@ def run_command(args: argparse.Namespace) -> int:
             except OSError as e:  # not executable, not a program, ...
                 print(f"cgwatch run: {command[0]}: {e.strerror or e}", file=sys.stderr)
                 return 126
-            pid = proc.pid
             relay.started(proc)
             if guarding is not None:
                 guarding.start(proc, name)
@@ -124,35 +152,43 @@ def run_command(args: argparse.Namespace) -> int:
             returncode = proc.wait()
         events.scan_now()  # rises that landed after the last notification was read
         if recorder is not None:
-            recorder.mark("exit", _end_label(returncode), final=True,
+            recorder.mark("exit", end_label(returncode), final=True,
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
+    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder)
+
+
+def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
+    """Say why CMD ended (text or JSON, the report file, the plot); `run`'s exit status."""
+    guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
-    status = guarded_status(returncode, fired, guarding.signum if guarding else None)
+    status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
+    data: dict[str, Any] = {}
     if args.json or args.report:
-        data = report_json(command, pid, returncode, cause, runlog, shm.peak, shm.last)
+        data = report_json(command, ran.pid, ran.returncode, ran.cause, ran.runlog,
+                           ran.shm.peak, ran.shm.last)
         if guarding is not None:
             data["exit_status"] = status
             data["guard"] = None if fired is None else {
                 **fired.as_dict(), "signal": signal_name(guarding.signum)}
-        if recorder is not None:
-            data["timeline"] = recorder.as_dict()
+        if ran.recorder is not None:
+            data["timeline"] = ran.recorder.as_dict()
         if args.report:
             write_report(args.report, data)
-    if args.plot and recorder is not None:
-        _plot(args.plot, recorder, " ".join(command))
+    if args.plot and ran.recorder is not None:
+        _plot(args.plot, ran.recorder, " ".join(command))
     if args.json:
         print(json.dumps(data), file=sys.stderr, flush=True)
         return status
-    for text in cause.texts():
+    for text in ran.cause.texts():
         print(text, file=sys.stderr, flush=True)
     return status
 
 
-def _end_label(returncode: int) -> str:
+def end_label(returncode: int) -> str:
     if returncode < 0:
         return f"killed by {signal_name(-returncode)}"
     return f"exit {returncode}"
