@@ -2,16 +2,19 @@
 tests (tests/test_guard_real.py, tests/test_cli_guard_real.py).
 
     python tests/leak_child.py --mode guard|none|signal --checkpoint PATH [--rate MIB_PER_S]
+        [--signal SIGUSR1|SIGTERM]
 
 Every step (20 a second) keeps `rate / 20` MiB more, written byte by byte (bytearray
 repetition writes every page: an allocation alone would only map the zero page). Modes:
 - `guard`: `cgwatch.Guard.check(step)` after every step; when it says stop, the checkpoint
   is saved (timed with `guard.saving()`), the verdict's message printed to stderr and the
   process exits with cgwatch.GUARD_EXIT_STATUS.
-- `signal`: no guard; SIGUSR1 makes it save at the end of the step and exit 0 (what Lightning's
-  Slurm integration does with SIGUSR1), as under `cgwatch run --guard`.
+- `signal`: no guard; `--signal` (SIGUSR1, what Lightning's Slurm integration saves on; or
+  SIGTERM, what a script's own handler catches) makes it save at the end of the step and exit
+  0, as under `cgwatch run --guard`.
 - `none`: it leaks until the kernel kills it (the control case).
 The checkpoint is a small JSON file: the step, and the verdict in guard mode.
+
 """
 
 from __future__ import annotations
@@ -44,19 +47,25 @@ def main() -> int:
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--rate", type=float, default=8.0, help="MiB per second")
     parser.add_argument("--checkpoint-seconds", type=float, default=2.0)
+    parser.add_argument("--signal", default="SIGUSR1", choices=("SIGUSR1", "SIGTERM"))
     args = parser.parse_args()
     chunk = int(args.rate * MiB / STEPS_PER_SECOND)
     asked: list[int] = []
     if args.mode == "signal":
-        signal.signal(signal.SIGUSR1, lambda signum, frame: asked.append(signum))
+        signal.signal(getattr(signal, args.signal), lambda signum, frame: asked.append(signum))
+    kept: list[bytes] = []
+    print("started", flush=True)
     guard = None
     if args.mode == "guard":
         import cgwatch
 
         guard = cgwatch.Guard(reserve="5%", checkpoint_seconds=args.checkpoint_seconds)
-    kept = []
+    return steps(args, guard, asked, kept, chunk)
+
+
+def steps(args: argparse.Namespace, guard: Any, asked: list[int], kept: list[bytes],
+          chunk: int) -> int:
     step = 0
-    print("started", flush=True)
     while True:
         step += 1
         kept.append(b"\x5a" * chunk)
@@ -66,6 +75,8 @@ def main() -> int:
                 with guard.saving():
                     save(args.checkpoint, {"step": step, "verdict": verdict.as_dict()})
                 print(verdict.message(), file=sys.stderr, flush=True)
+                import cgwatch
+
                 return cgwatch.GUARD_EXIT_STATUS
         if asked:
             save(args.checkpoint, {"step": step, "signal": asked[0]})

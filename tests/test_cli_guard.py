@@ -1,6 +1,6 @@
 """`cgwatch run --guard` on a fake tree (the real-kernel leak is tests/test_cli_guard_real.py):
-the signal sent once the guard decides, the one line said, the exit status; and the status
-rule as a table."""
+the signal sent once the guard decides, the line said then and the line after CMD ended, the
+exit status; and the status rule and both lines as tables."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from cgwatch.cli.runguard import guarded_status
-from cgwatch.policy import RESERVE, Verdict
+from cgwatch.cli.runguard import find_saved, fire_line, guarded_status, outcome_line
+from cgwatch.policy import FORECAST, RESERVE, Verdict
 from tests.fake_tree import FakeHost, MiB
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,17 +52,50 @@ def test_the_guard_signals_once_and_run_exits_75(host: FakeHost, sig: str) -> No
     assert proc.returncode == 75, proc.stderr
     assert proc.stdout == "up\nsaved\n"
     lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("cgwatch guard: save and stop: cgroup /job: headroom 1.0 MiB of "
-                               f"64.0 MiB, below the reserve of 3.2 MiB; sending {sig} to sh "
-                               "(pid ")
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith(f"cgwatch guard: stopping to save: sending {sig} to sh (pid ")
+    assert lines[0].endswith("); why: cgroup /job: headroom 1.0 MiB of 64.0 MiB, below the "
+                             "reserve of 3.2 MiB")
+    assert lines[1].startswith("cgwatch guard: sh saved and exited 0 ")
+    assert lines[1].endswith(f" s after {sig}; exit 75 (saved, may be resumed)")
+
+
+def test_a_job_without_a_handler_saved_nothing_and_run_says_so(host: FakeHost) -> None:
+    """sh's default action for SIGTERM: it dies of it, nothing saved: 143, not 75."""
+    proc = cgwatch_run(host, "--guard", "--", "sh", "-c",
+                       "echo up; while :; do sleep 0.05; done")
+    assert proc.returncode == 128 + signal.SIGTERM == 143, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 2, proc.stderr
+    assert lines[0].startswith("cgwatch guard: stopping to save: sending SIGTERM to sh (pid ")
+    assert lines[1].startswith("cgwatch guard: nothing was saved: sh has no handler for "
+                               "SIGTERM and died of it ")
+    assert lines[1].endswith(" s after it was sent; exit 143")
+
+
+def test_the_checkpoint_directory_is_given_and_its_new_entry_named(host: FakeHost,
+                                                                   tmp_path: Any) -> None:
+    ckpt = os.path.join(str(tmp_path), "ckpt")
+    os.mkdir(ckpt)
+    with open(os.path.join(ckpt, "old.pt"), "w") as f:
+        f.write("before the signal")
+    os.utime(os.path.join(ckpt, "old.pt"), (1, 1))
+    saves = ("trap 'echo x > \"$CGWATCH_CHECKPOINT_DIR/step-41.pt\"; exit 0' TERM; "
+             "echo up; while :; do sleep 0.05; done")
+    proc = cgwatch_run(host, "--guard", "--checkpoint-dir", ckpt, "--", "sh", "-c", saves)
+    assert proc.returncode == 75, proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert f"; checkpoint: {ckpt}/step-41.pt; exit 75 (saved, may be resumed)" in last, last
 
 
 def test_a_job_that_fails_its_save_keeps_its_status(host: FakeHost) -> None:
     proc = cgwatch_run(host, "--guard", "--", "sh", "-c",
                        "trap 'exit 3' TERM; echo up; while :; do sleep 0.05; done")
     assert proc.returncode == 3, proc.stderr
-    assert "cgwatch guard: save and stop" in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("cgwatch guard: stopping to save: sending SIGTERM to sh")
+    assert lines[1].startswith("cgwatch guard: sh exited 3 ")
+    assert lines[1].endswith(" s after SIGTERM, not 0 or 75: its save may have failed; exit 3")
 
 
 def test_json_report_carries_the_verdict(host: FakeHost, tmp_path: Any) -> None:
@@ -76,6 +109,9 @@ def test_json_report_carries_the_verdict(host: FakeHost, tmp_path: Any) -> None:
     assert (guard["trigger"], guard["level"], guard["signal"]) == ("reserve", "/job", "SIGTERM")
     assert (guard["headroom"], guard["reserve"], guard["limit"]) == (1 * MiB, 2 * MiB,
                                                                      64 * MiB)
+    assert (guard["saved"], guard["checkpoint"]) == (True, None)
+    assert 0 <= guard["seconds_to_exit"] < 30
+    assert guard["outcome"].startswith("cgwatch guard: sh saved and exited 0 ")
 
 
 def test_without_a_reason_nothing_is_sent(host: FakeHost) -> None:
@@ -96,15 +132,96 @@ class Row(NamedTuple):
 
 STATUS = [
     pytest.param(Row(0, FIRED, signal.SIGUSR1, 75), id="saved-and-exited-0"),
-    pytest.param(Row(-signal.SIGTERM, FIRED, signal.SIGTERM, 75), id="died-of-our-signal"),
+    pytest.param(Row(75, FIRED, signal.SIGTERM, 75), id="saved-and-exited-its-own-75"),
+    pytest.param(Row(-signal.SIGTERM, FIRED, signal.SIGTERM, 143),
+                 id="died-of-our-signal-nothing-saved"),
+    pytest.param(Row(-signal.SIGUSR1, FIRED, signal.SIGUSR1, 138),
+                 id="died-of-our-sigusr1-nothing-saved"),
     pytest.param(Row(3, FIRED, signal.SIGTERM, 3), id="save-failed"),
+    pytest.param(Row(1, FIRED, signal.SIGTERM, 1), id="torchrun-s-1"),
     pytest.param(Row(-signal.SIGKILL, FIRED, signal.SIGTERM, 137), id="killed-anyway"),
     pytest.param(Row(0, None, signal.SIGTERM, 0), id="guard-never-fired"),
+    pytest.param(Row(75, None, signal.SIGTERM, 75), id="own-75-without-a-fire"),
     pytest.param(Row(-signal.SIGTERM, None, signal.SIGTERM, 143), id="someone-else-s-term"),
     pytest.param(Row(0, None, None, 0), id="no-guard"),
+    pytest.param(Row(2, None, None, 2), id="no-guard-failed"),
 ]
 
 
 @pytest.mark.parametrize("row", STATUS)
 def test_guarded_status(row: Row) -> None:
     assert guarded_status(row.returncode, row.fired, row.signum) == row.want
+
+
+class Said(NamedTuple):
+    returncode: int
+    signum: int
+    seconds: float
+    directory: Optional[str]
+    saved_to: Optional[str]
+    want: str
+
+
+OUTCOMES = [
+    pytest.param(Said(0, signal.SIGTERM, 3.14, None, None,
+                      "cgwatch guard: train saved and exited 0 3.1 s after SIGTERM; exit 75 "
+                      "(saved, may be resumed)"), id="saved-where-unknown"),
+    pytest.param(Said(75, signal.SIGUSR1, 42.4, "/ckpt", "/ckpt/step-41",
+                      "cgwatch guard: train saved and exited 75 42 s after SIGUSR1; checkpoint: "
+                      "/ckpt/step-41; exit 75 (saved, may be resumed)"), id="saved-named"),
+    pytest.param(Said(0, signal.SIGTERM, 0.5, "/ckpt", None,
+                      "cgwatch guard: train saved and exited 0 0.5 s after SIGTERM; nothing in "
+                      "/ckpt changed since the signal; exit 75 (saved, may be resumed)"),
+                 id="saved-but-nothing-new-in-the-directory"),
+    pytest.param(Said(-signal.SIGTERM, signal.SIGTERM, 0.01, "/ckpt", None,
+                      "cgwatch guard: nothing was saved: train has no handler for SIGTERM and "
+                      "died of it 0.0 s after it was sent; exit 143"), id="no-handler"),
+    pytest.param(Said(-signal.SIGKILL, signal.SIGTERM, 1.5, None, None,
+                      "cgwatch guard: train was killed by SIGKILL 1.5 s after SIGTERM, before "
+                      "it could finish a save; exit 137"), id="killed-during-the-save"),
+    pytest.param(Said(1, signal.SIGTERM, 2.0, None, None,
+                      "cgwatch guard: train exited 1 2.0 s after SIGTERM, not 0 or 75: its "
+                      "save may have failed; exit 1"), id="failed"),
+]
+
+
+@pytest.mark.parametrize("said", OUTCOMES)
+def test_outcome_line(said: Said) -> None:
+    assert outcome_line("train", said.returncode, said.signum, said.seconds, said.directory,
+                        said.saved_to) == said.want
+
+
+class Fire(NamedTuple):
+    verdict: Verdict
+    want: str
+
+
+FIRES = [
+    pytest.param(Fire(FIRED, "cgwatch guard: stopping to save: sending SIGTERM to train (pid 7); "
+                             "why: cgroup /job: headroom 1.0 MiB of 64.0 MiB, below the "
+                             "reserve of 3.0 MiB"), id="reserve"),
+    pytest.param(Fire(Verdict(True, FORECAST, "/job", 64 * MiB, 16 * MiB, None, float(MiB),
+                              16.0, 3.0),
+                      "cgwatch guard: stopping to save: sending SIGTERM to train (pid 7); "
+                      "why: cgroup /job: predicted to reach its limit in ~16 s (working set "
+                      "growing 1.0 MiB/s, headroom 16.0 MiB of 64.0 MiB); a save needs ~3.0 s"),
+                 id="forecast"),
+]
+
+
+@pytest.mark.parametrize("fire", FIRES)
+def test_fire_line(fire: Fire) -> None:
+    assert fire_line(fire.verdict, signal.SIGTERM, "train", 7) == fire.want
+
+
+def test_find_saved_names_the_newest_entry_changed_since(tmp_path: Any) -> None:
+    d = str(tmp_path)
+    for name, mtime in (("old.pt", 100.0), ("step-40", 200.0), ("step-41", 300.0)):
+        if "step" in name:
+            os.mkdir(os.path.join(d, name))
+        else:
+            open(os.path.join(d, name), "w").close()
+        os.utime(os.path.join(d, name), (mtime, mtime))
+    assert find_saved(d, 150.0) == os.path.join(d, "step-41")
+    assert find_saved(d, 301.0) is None
+    assert find_saved(os.path.join(d, "missing"), 0.0) is None

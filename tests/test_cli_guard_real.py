@@ -3,8 +3,9 @@ no cgwatch inside, it saves and exits 0 on SIGUSR1, as Lightning's Slurm support
 leaks 8 MiB/s in a cgroup limited to 128 MiB, made under this test's own memory cgroup;
 `cgwatch run` wraps it in that cgroup, so the guard reads CMD's cgroup. With --guard it
 sends SIGUSR1 before the limit is reached: the checkpoint is written, `oom_kill` stays 0,
-and `run` exits 75. Checked on 6.18, cgroup v1 (the kernel facts are the ones
-tests/test_guard_real.py names)."""
+and `run` exits 75. The same with SIGTERM and a handler; without a handler CMD dies of
+SIGTERM, nothing is saved, and `run` says so and exits 143, not 75. Checked on 6.18, cgroup v1
+(the kernel facts are the ones tests/test_guard_real.py names)."""
 
 from __future__ import annotations
 
@@ -29,36 +30,82 @@ def tree() -> Iterator[Tree]:
         yield t
 
 
-def run_guarded(tree: Tree, cgroup: str, *options: str, checkpoint: str) -> tuple[int, str]:
+def run_guarded(tree: Tree, cgroup: str, *options: str, checkpoint: str,
+                child: tuple[str, ...] = ("--mode", "signal")) -> tuple[int, str]:
     argv = [sys.executable, "-m", "cgwatch.cli", "run", *options, "--",
-            sys.executable, CHILD, "--mode", "signal", "--checkpoint", checkpoint]
+            sys.executable, CHILD, *child, "--checkpoint", checkpoint]
     proc = tree.spawn(cgroup, f"import sys\nos.execv(sys.executable, {argv!r})\n")
     out, err = proc.communicate(timeout=120)
-    assert out == "started\n"
+    assert out.startswith("started\n"), (out, err)
     return proc.returncode, err
 
 
 def test_run_guard_sends_sigusr1_and_the_job_saves(tree: Tree, tmp_path: object) -> None:
     job = tree.make("job", limit=128 * MiB)
-    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    saves = os.path.join(str(tmp_path), "ckpt")
+    os.mkdir(saves)
+    checkpoint = os.path.join(saves, "checkpoint.json")
     report = os.path.join(str(tmp_path), "report.json")
     status, err = run_guarded(tree, job, "--guard", "--signal", "SIGUSR1",
                               "--checkpoint-seconds", "2", "--report", report,
-                              checkpoint=checkpoint)
+                              "--checkpoint-dir", saves, checkpoint=checkpoint)
     assert status == 75, err
     with open(checkpoint) as f:
         assert json.load(f)["signal"] == signal.SIGUSR1
     assert oom_kills(job, tree.version) == 0
     lines = err.splitlines()
-    assert len(lines) == 1, err  # the guard's one line; nothing else is added
-    assert lines[0].startswith("cgwatch guard: save and stop: cgroup ")
-    assert "; sending SIGUSR1 to python" in lines[0]
+    assert len(lines) == 2, err  # the guard's two lines; nothing else is added
+    assert lines[0].startswith("cgwatch guard: stopping to save: sending SIGUSR1 to python")
+    assert "; why: cgroup " in lines[0]
+    assert lines[1].startswith("cgwatch guard: python"), err
+    assert (f" s after SIGUSR1; checkpoint: {checkpoint}; exit 75 (saved, may be resumed)"
+            in lines[1]), err
     with open(report) as f:
         data = json.load(f)
     assert data["exit_status"] == 75 and data["oom_kills"] == 0
     assert data["guard"]["signal"] == "SIGUSR1"
     assert data["guard"]["trigger"] in ("forecast", "reserve"), data["guard"]
     assert data["guard"]["headroom"] > 0
+    assert (data["guard"]["saved"], data["guard"]["checkpoint"]) == (True, checkpoint)
+    assert 0 <= data["guard"]["seconds_to_exit"] < 60
+
+
+def test_run_guard_sigterm_with_a_handler_saves_and_exits_75(tree: Tree,
+                                                              tmp_path: object) -> None:
+    """The default signal, SIGTERM, caught by the script's handler: saved, 75."""
+    job = tree.make("job", limit=128 * MiB)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, err = run_guarded(tree, job, "--guard", "--checkpoint-seconds", "2",
+                              checkpoint=checkpoint,
+                              child=("--mode", "signal", "--signal", "SIGTERM"))
+    assert status == 75, err
+    with open(checkpoint) as f:
+        assert json.load(f)["signal"] == signal.SIGTERM
+    assert oom_kills(job, tree.version) == 0
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("cgwatch guard: stopping to save: sending SIGTERM to python")
+    assert " saved and exited 0 " in lines[1] and lines[1].endswith(
+        " s after SIGTERM; exit 75 (saved, may be resumed)"), err
+
+
+def test_run_guard_a_command_without_a_handler_saved_nothing(tree: Tree,
+                                                              tmp_path: object) -> None:
+    """No handler for SIGTERM: the command dies of it with nothing saved; `run` says so and
+    exits 143 (128 + SIGTERM, as a shell reports it), never 75."""
+    job = tree.make("job", limit=128 * MiB)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, err = run_guarded(tree, job, "--guard", "--checkpoint-seconds", "2",
+                              checkpoint=checkpoint, child=("--mode", "none"))
+    assert status == 143, err
+    assert not os.path.exists(checkpoint)
+    assert oom_kills(job, tree.version) == 0
+    lines = err.splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("cgwatch guard: stopping to save: sending SIGTERM to python")
+    assert lines[1].startswith("cgwatch guard: nothing was saved: python"), err
+    assert " has no handler for SIGTERM and died of it " in lines[1], err
+    assert lines[1].endswith(" s after it was sent; exit 143"), err
 
 
 def test_run_guard_leaves_a_job_that_fits_alone(tree: Tree, tmp_path: object) -> None:

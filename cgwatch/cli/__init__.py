@@ -88,8 +88,8 @@ SIZES_HELP = ("Sizes: a byte count (1048576) or a number with K, M, G or T; ever
 EXIT_HELP = ("Exit status: 0 done; 1 error; 2 usage error; 141 the output pipe was closed "
              "(`| head`), as for a program killed by SIGPIPE. `cgwatch run`: CMD's own "
              "status, 128+N when a signal N ended it, 126 CMD not executable, 127 not found; "
-             "with --guard, 75 (EX_TEMPFAIL: saved, may be resumed) when CMD exited after the "
-             "guard's signal with 0 or of that signal.")
+             "with --guard, 75 (EX_TEMPFAIL: saved, may be resumed) when CMD exited 0 or 75 "
+             "after the guard's signal; a CMD that died of the signal saved nothing: 128+N.")
 
 
 def _paragraphs(*texts: str) -> str:
@@ -103,8 +103,10 @@ GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches
               "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
               "throttling above memory.high (v2), it says why on stderr and sends CMD "
               "--signal once (default SIGTERM; SIGUSR1 is what Lightning's Slurm support "
-              "answers with a checkpoint). If the kill comes anyway it is explained as "
-              "without --guard.")
+              "answers with a checkpoint). CMD should save on it and exit 0 (or 75): then "
+              "`run` says where the save went (--checkpoint-dir) and exits 75; a CMD that "
+              "dies of the signal had no handler and saved nothing, and `run` says so and "
+              "exits 128+N. If the kill comes anyway it is explained as without --guard.")
 COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
                  "once; further rises of it within 1 s make one line at the end of that second, "
                  "with the number of rises (`[37 rises in 1s]`).")
@@ -201,6 +203,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                           "that level's limit (default 5%%)")
     run.add_argument("--checkpoint-seconds", type=_checkpoint_seconds, default=None,
                      metavar="SECONDS", help="--guard: what CMD's save takes (default 60)")
+    run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
+                          "after a save, the newest entry of DIR is named")
     # REMAINDER: everything from CMD on is CMD's, its options included.
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
                      help="the command to run")

@@ -31,10 +31,14 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   cgroup below ours is not covered there (v2 counts the whole subtree).
 - `--guard`: a `cgwatch.Guard` on this cgroup (CMD's: `run` wraps it) is checked every
   0.1 s on a thread (a check between the guard's own samples costs one
-  available_memory()); the first time it says stop, its message goes to stderr and CMD gets
-  `--signal` (default SIGTERM), once. When CMD then exits with 0 or of that signal, `run`
-  exits 75 (the guard's status, policy.py: saved, may be resumed); any other status is
-  CMD's own (its save failed, say), and a kill that comes anyway is explained as always.
+  available_memory()); the first time it says stop, CMD gets `--signal` (default SIGTERM),
+  once, and stderr a line "stopping to save" with why. After CMD ended, one more line says
+  what came of it and how long after the signal it ended. CMD exiting 0 or 75 after the
+  signal saved: `run` exits 75 (the guard's status, policy.py: saved, may be resumed), and
+  names the newest entry of `--checkpoint-dir` (or $CGWATCH_CHECKPOINT_DIR) changed since
+  the signal. CMD dying of the signal had no handler and saved nothing: `run` says so and
+  exits 128+N, as a shell would. Any other status is CMD's own (its save failed, say), and
+  a kill that comes anyway is explained as always (runguard.py).
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
     guard_options = [name for name, value in (("--signal", args.signal),
                                               ("--reserve", args.reserve),
                                               ("--checkpoint-seconds",
-                                               args.checkpoint_seconds))
+                                               args.checkpoint_seconds),
+                                              ("--checkpoint-dir",
+                                               getattr(args, "checkpoint_dir", None)))
                      if value is not None]
     if guard_options and not args.guard:
         return command, f"{guard_options[0]} needs --guard"
@@ -103,8 +109,9 @@ class _Ran:
 
     def __init__(self, pid: int, returncode: int, cause: Cause, runlog: RunLog,
                  shm: ShmSampler, guarding: Optional[GuardThread],
-                 recorder: Optional[Recorder]) -> None:
+                 recorder: Optional[Recorder], ended_at: float) -> None:
         self.pid = pid
+        self.ended_at = ended_at  # time.monotonic() when CMD's exit was reaped
         self.returncode = returncode
         self.cause = cause
         self.runlog = runlog
@@ -138,7 +145,8 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
             try:
-                proc = subprocess.Popen(command)
+                proc = subprocess.Popen(
+                    command, env=guarding.environment() if guarding is not None else None)
             except FileNotFoundError:
                 print(f"cgwatch run: {command[0]}: command not found", file=sys.stderr)
                 return 127
@@ -150,6 +158,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
                 guarding.start(proc, name)
             prefer_not_to_be_killed(args.root)
             returncode = proc.wait()
+            ended_at = time.monotonic()
         events.scan_now()  # rises that landed after the last notification was read
         if recorder is not None:
             recorder.mark("exit", end_label(returncode), final=True,
@@ -158,7 +167,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
             printer.close()
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
-    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder)
+    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at)
 
 
 def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
@@ -166,14 +175,17 @@ def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
     status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
+    outcome = guarding.outcome(ran.returncode, ran.ended_at) if guarding is not None else None
     data: dict[str, Any] = {}
     if args.json or args.report:
         data = report_json(command, ran.pid, ran.returncode, ran.cause, ran.runlog,
                            ran.shm.peak, ran.shm.last)
         if guarding is not None:
             data["exit_status"] = status
-            data["guard"] = None if fired is None else {
-                **fired.as_dict(), "signal": signal_name(guarding.signum)}
+            data["guard"] = None if fired is None or outcome is None else {
+                **fired.as_dict(), "signal": signal_name(guarding.signum),
+                "seconds_to_exit": outcome["seconds"], "saved": outcome["saved"],
+                "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
         if ran.recorder is not None:
             data["timeline"] = ran.recorder.as_dict()
         if args.report:
@@ -183,6 +195,8 @@ def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
     if args.json:
         print(json.dumps(data), file=sys.stderr, flush=True)
         return status
+    if outcome is not None:
+        print(outcome["line"], file=sys.stderr, flush=True)
     for text in ran.cause.texts():
         print(text, file=sys.stderr, flush=True)
     return status

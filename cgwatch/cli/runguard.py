@@ -1,14 +1,25 @@
 """Internal. `cgwatch run --guard`: a `cgwatch.Guard` on CMD's cgroup checked on a thread while
-CMD runs; the first time it says stop, its line goes to stderr and CMD gets the signal, once;
-and `run`'s exit status after that (run.py's module docstring gives the rules)."""
+CMD runs; the first time it says stop, CMD gets the signal, once, with a line that says so;
+after CMD ended, a line saying what came of it, and `run`'s exit status (run.py's module
+docstring gives the rules).
+
+The status is honest about the save: 75 (saved, may be resumed) only when CMD had the chance
+to save and said it did, by exiting 0 or 75 after the signal. A CMD that died of the signal
+had no handler for it and saved nothing: 128+N, as a shell reports it, and the line says
+"nothing was saved". Where the save went is said when run knows where to look
+(--checkpoint-dir, or CGWATCH_CHECKPOINT_DIR in its environment): the newest entry of that
+directory changed since the signal.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
@@ -20,13 +31,79 @@ if TYPE_CHECKING:
     from ..monitor import Monitor
     from .plot import Recorder
 
+CHECKPOINT_DIR_ENV = "CGWATCH_CHECKPOINT_DIR"
+# A file's mtime comes from the kernel's coarse clock (current_time(): up to a jiffy behind
+# time.time()), so a save that began right at the signal may carry a slightly earlier stamp.
+MTIME_SLACK = 0.05
+
 
 def guarded_status(returncode: int, fired: Optional[Verdict], signum: Optional[int]) -> int:
-    """`run`'s exit status: CMD's (exit_status), except that CMD ending with 0 or of the
-    guard's signal after the guard fired is the guard's status, 75 (run.py's docstring)."""
-    if fired is not None and signum is not None and returncode in (0, -signum):
+    """`run`'s exit status: CMD's as a shell reports it (exit_status), except that CMD
+    exiting with 0 or 75 after the guard's signal is the guard's status, 75: it saved. Death
+    by the signal stays 128+N: nothing was saved."""
+    if fired is not None and signum is not None and returncode in (0, GUARD_EXIT_STATUS):
         return GUARD_EXIT_STATUS
     return exit_status(returncode)
+
+
+def fire_line(verdict: Verdict, signum: int, name: str, pid: int) -> str:
+    """The line printed as the signal is sent: stopping to save, to whom, and why."""
+    message = verdict.message()
+    _, found, why = message.partition(": save and stop: ")
+    if not found:
+        why = message.removeprefix("cgwatch guard: ")
+    return (f"cgwatch guard: stopping to save: sending {signal_name(signum)} to {name} "
+            f"(pid {pid}); why: {why}")
+
+
+def outcome_line(name: str, returncode: int, signum: int, seconds: float,
+                 directory: Optional[str], saved_to: Optional[str]) -> str:
+    """The line printed after CMD ended, once the guard had signalled it: whether it saved,
+    where (`saved_to`: the newest entry of `directory` changed since the signal), how long
+    after the signal it ended, and `run`'s exit status (guarded_status's rule)."""
+    sent = signal_name(signum)
+    after = f"{_seconds(seconds)} after {sent}"
+    if returncode in (0, GUARD_EXIT_STATUS):
+        if saved_to is not None:
+            where = f"; checkpoint: {saved_to}"
+        elif directory is not None:
+            where = f"; nothing in {directory} changed since the signal"
+        else:
+            where = ""
+        return (f"cgwatch guard: {name} saved and exited {returncode} {after}{where}; "
+                f"exit {GUARD_EXIT_STATUS} (saved, may be resumed)")
+    status = exit_status(returncode)
+    if returncode == -signum:
+        return (f"cgwatch guard: nothing was saved: {name} has no handler for {sent} and "
+                f"died of it {_seconds(seconds)} after it was sent; exit {status}")
+    if returncode < 0:
+        return (f"cgwatch guard: {name} was killed by {signal_name(-returncode)} {after}, "
+                f"before it could finish a save; exit {status}")
+    return (f"cgwatch guard: {name} exited {returncode} {after}, not 0 or "
+            f"{GUARD_EXIT_STATUS}: its save may have failed; exit {status}")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+def find_saved(directory: str, since: float) -> Optional[str]:
+    """The newest entry of `directory` changed at or after `since` (time.time()), or None:
+    what a save into it wrote (a file, or a checkpoint directory whose mtime moved as its
+    files were made)."""
+    newest: Optional[tuple[float, str]] = None
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    mtime = entry.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue  # removed meanwhile
+                if mtime >= since - MTIME_SLACK and (newest is None or mtime > newest[0]):
+                    newest = (mtime, entry.path)
+    except OSError:
+        return None
+    return None if newest is None else newest[1]
 
 
 class GuardThread:
@@ -43,8 +120,12 @@ class GuardThread:
         if args.checkpoint_seconds is not None:
             kwargs["checkpoint_seconds"] = args.checkpoint_seconds
         self.guard = Guard(monitor, events=events, **kwargs)
+        self.checkpoint_dir: Optional[str] = (getattr(args, "checkpoint_dir", None)
+                                              or os.environ.get(CHECKPOINT_DIR_ENV) or None)
         self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)
         self.fired: Optional[Verdict] = None
+        self.fired_at = 0.0  # time.monotonic() when the signal was sent
+        self.fired_wall = 0.0  # time.time() then, for the checkpoint's mtime
         self.recorder = recorder
         self.proc: Optional[subprocess.Popen[Any]] = None
         self.name = ""
@@ -69,6 +150,29 @@ class GuardThread:
             self._thread.join(timeout=5)
         self.guard.close()
 
+    def environment(self) -> Optional[dict[str, str]]:
+        """CMD's environment: ours, plus CGWATCH_CHECKPOINT_DIR when --checkpoint-dir gave
+        one (None: ours unchanged)."""
+        if self.checkpoint_dir is None or os.environ.get(CHECKPOINT_DIR_ENV) == \
+                self.checkpoint_dir:
+            return None
+        return {**os.environ, CHECKPOINT_DIR_ENV: self.checkpoint_dir}
+
+    def outcome(self, returncode: int, ended_at: float) -> Optional[dict[str, Any]]:
+        """What came of the signal, once CMD ended at `ended_at` (time.monotonic()): the
+        `line` to print, `seconds` from the signal to the end, `saved`, `checkpoint` (where
+        the save went, when known); None when the guard did not fire."""
+        if self.fired is None:
+            return None
+        seconds = max(0.0, ended_at - self.fired_at)
+        saved = guarded_status(returncode, self.fired, self.signum) == GUARD_EXIT_STATUS
+        saved_to = None
+        if saved and self.checkpoint_dir is not None:
+            saved_to = find_saved(self.checkpoint_dir, self.fired_wall)
+        return {"line": outcome_line(self.name, returncode, self.signum, seconds,
+                                     self.checkpoint_dir, saved_to),
+                "seconds": round(seconds, 3), "saved": saved, "checkpoint": saved_to}
+
     def _check_until_stopped(self) -> None:
         while not self._stop.wait(self.INTERVAL):
             verdict = self.guard.check()
@@ -80,11 +184,13 @@ class GuardThread:
         self.fired = verdict
         proc = self.proc
         assert proc is not None
-        print(f"{verdict.message()}; sending {signal_name(self.signum)} to {self.name} "
-              f"(pid {proc.pid})", file=sys.stderr, flush=True)
+        print(fire_line(verdict, self.signum, self.name, proc.pid), file=sys.stderr,
+              flush=True)
         if self.recorder is not None:
             self.recorder.mark("guard", f"guard: {verdict.trigger}, {signal_name(self.signum)}",
                                final=True, cgroup_path=verdict.level)
+        self.fired_wall = time.time()
+        self.fired_at = time.monotonic()
         try:
             proc.send_signal(self.signum)
         except OSError:
