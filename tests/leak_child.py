@@ -2,7 +2,7 @@
 tests (tests/test_guard_real.py, tests/test_cli_guard_real.py).
 
     python tests/leak_child.py --mode guard|none|signal --checkpoint PATH [--rate MIB_PER_S]
-        [--signal SIGUSR1|SIGTERM]
+        [--signal SIGUSR1|SIGTERM] [--worker]
 
 Every step (20 a second) keeps `rate / 20` MiB more, written byte by byte (bytearray
 repetition writes every page: an allocation alone would only map the zero page). Modes:
@@ -15,6 +15,10 @@ repetition writes every page: an allocation alone would only map the zero page).
 - `none`: it leaks until the kernel kills it (the control case).
 The checkpoint is a small JSON file: the step, and the verdict in guard mode.
 
+`--worker`: the leak is a forked child's (a DataLoader worker's stand-in, in the same cgroup);
+the main process only steps (and checks, or waits for the signal), and at its stop saves,
+ends the worker with SIGKILL (as torch does a DataLoader's workers at shutdown) and reaps it.
+Its stdout says `worker PID` after `started`.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=8.0, help="MiB per second")
     parser.add_argument("--checkpoint-seconds", type=float, default=2.0)
     parser.add_argument("--signal", default="SIGUSR1", choices=("SIGUSR1", "SIGTERM"))
+    parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     chunk = int(args.rate * MiB / STEPS_PER_SECOND)
     asked: list[int] = []
@@ -55,12 +60,29 @@ def main() -> int:
         signal.signal(getattr(signal, args.signal), lambda signum, frame: asked.append(signum))
     kept: list[bytes] = []
     print("started", flush=True)
+    worker = 0
+    if args.worker:
+        # Forked before the guard exists, as a DataLoader forks its workers: no thread of
+        # ours is copied into the worker.
+        worker = os.fork()
+        if worker == 0:  # the worker: leaks until it is ended (or the kernel kills it)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+            while True:
+                kept.append(b"\x5a" * chunk)
+                time.sleep(1 / STEPS_PER_SECOND)
+        print(f"worker {worker}", flush=True)
     guard = None
     if args.mode == "guard":
         import cgwatch
 
         guard = cgwatch.Guard(reserve="5%", checkpoint_seconds=args.checkpoint_seconds)
-    return steps(args, guard, asked, kept, chunk)
+    try:
+        return steps(args, guard, asked, kept, chunk)
+    finally:
+        if worker:
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)
 
 
 def steps(args: argparse.Namespace, guard: Any, asked: list[int], kept: list[bytes],
@@ -68,7 +90,8 @@ def steps(args: argparse.Namespace, guard: Any, asked: list[int], kept: list[byt
     step = 0
     while True:
         step += 1
-        kept.append(b"\x5a" * chunk)
+        if not args.worker:
+            kept.append(b"\x5a" * chunk)
         if guard is not None:
             verdict = guard.check(step)
             if verdict.stop:

@@ -4,7 +4,9 @@ leaks 8 MiB/s in a cgroup limited to 128 MiB, made under this test's own memory 
 `cgwatch run` wraps it in that cgroup, so the guard reads CMD's cgroup. With --guard it
 sends SIGUSR1 before the limit is reached: the checkpoint is written, `oom_kill` stays 0,
 and `run` exits 75. The same with SIGTERM and a handler; without a handler CMD dies of
-SIGTERM, nothing is saved, and `run` says so and exits 143, not 75. Checked on 6.18, cgroup v1
+SIGTERM, nothing is saved, and `run` says so and exits 143, not 75. A leak in a forked worker
+(a DataLoader worker's stand-in) is seen too: the guard measures the whole cgroup, so the
+main process gets its save before the kernel picks the worker. Checked on 6.18, cgroup v1
 (the kernel facts are the ones tests/test_guard_real.py names)."""
 
 from __future__ import annotations
@@ -106,6 +108,27 @@ def test_run_guard_a_command_without_a_handler_saved_nothing(tree: Tree,
     assert lines[1].startswith("cgwatch guard: nothing was saved: python"), err
     assert " has no handler for SIGTERM and died of it " in lines[1], err
     assert lines[1].endswith(" s after it was sent; exit 143"), err
+
+
+def test_run_guard_stops_for_a_worker_s_leak_before_the_kernel_picks_it(
+        tree: Tree, tmp_path: object) -> None:
+    """The main process is flat; its forked worker (same cgroup) leaks 8 MiB/s. The guard
+    measures the whole cgroup, so the main process gets SIGTERM, saves, ends its worker and
+    exits 0: `run` exits 75, and the kernel killed nobody."""
+    job = tree.make("job", limit=128 * MiB)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    report = os.path.join(str(tmp_path), "report.json")
+    status, err = run_guarded(tree, job, "--guard", "--checkpoint-seconds", "2",
+                              "--report", report, checkpoint=checkpoint,
+                              child=("--mode", "signal", "--signal", "SIGTERM", "--worker"))
+    assert status == 75, err
+    with open(checkpoint) as f:
+        assert json.load(f)["signal"] == signal.SIGTERM
+    assert oom_kills(job, tree.version) == 0
+    with open(report) as f:
+        data = json.load(f)
+    assert data["oom_kills"] == 0 and data["guard"]["saved"] is True
+    assert data["guard"]["trigger"] in ("forecast", "reserve"), data["guard"]
 
 
 def test_run_guard_leaves_a_job_that_fits_alone(tree: Tree, tmp_path: object) -> None:

@@ -60,6 +60,24 @@ def test_the_guard_saves_and_stops_before_the_kill(tree: Tree, tmp_path: object)
     assert "cgwatch guard: save and stop at step" in err and "predicted to reach" in err
 
 
+def test_a_guard_in_the_main_process_stops_for_its_worker_s_leak(tree: Tree,
+                                                                 tmp_path: object) -> None:
+    """The main process is flat and checks; its forked worker (same cgroup, a DataLoader
+    worker's stand-in) leaks 8 MiB/s. The guard reads the cgroup, not the process, so the
+    main process saves and exits 75 before the kernel picks the worker."""
+    job = tree.make("job", limit=LIMIT)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, out, err = spawn_leaker(tree, job, "--mode", "guard", "--worker", "--checkpoint",
+                                    checkpoint)
+    assert status == 75, err
+    with open(checkpoint) as f:
+        verdict = json.load(f)["verdict"]
+    assert verdict["trigger"] in ("forecast", "reserve"), verdict
+    assert verdict["headroom"] > 0, verdict
+    assert oom_kills(job, tree.version) == 0
+    assert out.startswith("started\nworker "), out
+
+
 def test_without_the_guard_the_kernel_kills_it(tree: Tree, tmp_path: object) -> None:
     job = tree.make("job", limit=LIMIT)
     checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
