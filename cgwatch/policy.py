@@ -5,8 +5,11 @@ tests/test_policy.py. The public object that samples and delivers is guard.py.
 `decide()` stops when any of these holds, and names the first in this order:
 1. RESERVE: a limited level's headroom, limit - (usage - inactive_file), is below the
    reserve (bytes, or a share of that level's limit): the kill is close whatever the trend.
-2. OOM_KILL: the OOM killer killed a process on the path since the guard started (a
-   DataLoader worker, say): the next victim may be the job itself.
+2. OOM_KILL: the OOM killer killed a process on the path since the guard started, and the
+   job lives on (a pool that replaces its workers, a helper process): the next victim may be
+   the job itself. Not a torch DataLoader's worker: its death makes the main process raise at
+   the next batch, before any check (docs/guard.md, "Workers"); RESERVE and FORECAST, which
+   see every process of the cgroup, stop such a job before the kernel picks a worker.
 3. FORECAST: a level's working set is predicted (forecast.py) to reach its limit sooner than
    `lead` seconds, the time a checkpoint takes times the guard's margin.
 4. THROTTLE: a level over its v2 memory.high has been throttled for `throttle_seconds` in a
