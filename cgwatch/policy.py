@@ -124,9 +124,12 @@ class Verdict(Frozen):
         elif self.trigger == OOM_KILL:
             why = f"the OOM killer killed {self.killed} process(es) on the path"
         elif self.trigger == FORECAST:
+            # "within the lead", not "a save needs": the lead is a save's time times the
+            # margin (or the configured guess), and "in ~51 s; a save needs ~90 s" read as
+            # a stop that came too late.
             why = (f"predicted to reach its limit in ~{_seconds(self.seconds_left)} "
-                   f"(working set growing {human_bytes(int(self.growth))}/s, {room}); a save "
-                   f"needs ~{_seconds(self.lead)}")
+                   f"(working set growing {human_bytes(int(self.growth))}/s, {room}), "
+                   f"within the guard's lead of ~{_seconds(self.lead)}")
         elif self.trigger == THROTTLE:
             share = f"{self.pressure * 100:.0f}% stalled" if self.pressure is not None \
                 else "memory.high exceeded"

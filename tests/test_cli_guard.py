@@ -204,7 +204,8 @@ FIRES = [
                               16.0, 3.0),
                       "cgwatch guard: stopping to save: sending SIGTERM to train (pid 7); "
                       "why: cgroup /job: predicted to reach its limit in ~16 s (working set "
-                      "growing 1.0 MiB/s, headroom 16.0 MiB of 64.0 MiB); a save needs ~3.0 s"),
+                      "growing 1.0 MiB/s, headroom 16.0 MiB of 64.0 MiB), within the guard's "
+                      "lead of ~3.0 s"),
                  id="forecast"),
 ]
 

@@ -99,8 +99,8 @@ def test_forecast_verdict_carries_the_figures() -> None:
     assert (verdict.limit, verdict.headroom, verdict.growth) == (4 * GiB, 1 * GiB, 20.0 * MiB)
     assert verdict.message() == (
         "cgwatch guard: save and stop at step 1200: cgroup /job: predicted to reach its "
-        "limit in ~51 s (working set growing 20.0 MiB/s, headroom 1.0 GiB of 4.0 GiB); a "
-        "save needs ~90 s")
+        "limit in ~51 s (working set growing 20.0 MiB/s, headroom 1.0 GiB of 4.0 GiB), "
+        "within the guard's lead of ~90 s")
 
 
 MESSAGES = [
