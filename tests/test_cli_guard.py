@@ -13,7 +13,14 @@ from typing import Any, NamedTuple, Optional
 
 import pytest
 
-from cgwatch.cli.runguard import find_saved, fire_line, guarded_status, outcome_line
+from cgwatch.cli.runguard import (
+    find_saved,
+    fire_line,
+    guarded_status,
+    is_torchrun,
+    outcome_line,
+    parse_children,
+)
 from cgwatch.policy import FORECAST, RESERVE, Verdict
 from tests.fake_tree import FakeHost, MiB
 
@@ -160,6 +167,7 @@ class Said(NamedTuple):
     directory: Optional[str]
     saved_to: Optional[str]
     want: str
+    workers: int = 0  # torchrun's workers signalled instead of CMD
 
 
 OUTCOMES = [
@@ -182,13 +190,24 @@ OUTCOMES = [
     pytest.param(Said(1, signal.SIGTERM, 2.0, None, None,
                       "cgwatch guard: train exited 1 2.0 s after SIGTERM, not 0 or 75: its "
                       "save may have failed; exit 1"), id="failed"),
+    pytest.param(Said(0, signal.SIGTERM, 6.2, "/ckpt", "/ckpt/rank-1.json",
+                      "cgwatch guard: train's 2 worker(s) saved and exited 0 6.2 s after "
+                      "SIGTERM; checkpoint: /ckpt/rank-1.json; exit 75 (saved, may be resumed)",
+                      2), id="torchrun-every-worker-saved"),
+    pytest.param(Said(1, signal.SIGTERM, 0.3, None, None,
+                      "cgwatch guard: train exited 1 0.3 s after SIGTERM to its 2 worker(s): at "
+                      "least one did not save and exit 0 (its summary above names it); exit 1",
+                      2), id="torchrun-a-worker-did-not-save"),
+    pytest.param(Said(-signal.SIGKILL, signal.SIGTERM, 1.5, None, None,
+                      "cgwatch guard: train was killed by SIGKILL 1.5 s after SIGTERM, before "
+                      "it could finish a save; exit 137", 2), id="torchrun-killed"),
 ]
 
 
 @pytest.mark.parametrize("said", OUTCOMES)
 def test_outcome_line(said: Said) -> None:
     assert outcome_line("train", said.returncode, said.signum, said.seconds, said.directory,
-                        said.saved_to) == said.want
+                        said.saved_to, said.workers) == said.want
 
 
 class Fire(NamedTuple):
@@ -212,7 +231,37 @@ FIRES = [
 
 @pytest.mark.parametrize("fire", FIRES)
 def test_fire_line(fire: Fire) -> None:
-    assert fire_line(fire.verdict, signal.SIGTERM, "train", 7) == fire.want
+    assert fire_line(fire.verdict, signal.SIGTERM, "train", [7]) == fire.want
+
+
+def test_fire_line_to_torchrun_s_workers() -> None:
+    assert fire_line(FIRED, signal.SIGTERM, "torchrun", [41, 42], workers=True) == (
+        "cgwatch guard: stopping to save: sending SIGTERM to torchrun's 2 worker(s) (pid 41, "
+        "42); why: cgroup /job: headroom 1.0 MiB of 64.0 MiB, below the reserve of 3.0 MiB")
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["torchrun", "--nproc_per_node", "2", "job.py"], True),
+    (["/venv/bin/torchrun", "job.py"], True),
+    (["python3", "-m", "torch.distributed.run", "--nproc_per_node", "2", "job.py"], True),
+    (["/usr/bin/python3.11", "-m", "torch.distributed.run", "job.py"], True),
+    (["python", "job.py", "torchrun"], False),
+    (["python", "-m", "torch.distributed.launch", "job.py"], False),  # the old launcher
+    (["deepspeed", "job.py"], False),
+    ([], False),
+])
+def test_is_torchrun(command: list[str], expected: bool) -> None:
+    assert is_torchrun(command) == expected
+
+
+@pytest.mark.parametrize("texts, expected", [
+    (["4242 4243 "], [4242, 4243]),  # /proc/PID/task/PID/children: a space after each
+    (["", "4243 ", "4242 4243 "], [4242, 4243]),  # threads' files, a pid listed twice
+    ([""], []),
+    ([], []),
+])
+def test_parse_children(texts: list[str], expected: list[int]) -> None:
+    assert parse_children(texts) == expected
 
 
 def test_find_saved_names_the_newest_entry_changed_since(tmp_path: Any) -> None:

@@ -38,7 +38,9 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   names the newest entry of `--checkpoint-dir` (or $CGWATCH_CHECKPOINT_DIR) changed since
   the signal. CMD dying of the signal had no handler and saved nothing: `run` says so and
   exits 128+N, as a shell would. Any other status is CMD's own (its save failed, say), and
-  a kill that comes anyway is explained as always (runguard.py).
+  a kill that comes anyway is explained as always (runguard.py). CMD torchrun: the signal
+  goes to its workers, and torchrun's 0 (every worker exited 0) makes 75 (runguard.py
+  `is_torchrun` says why).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
                 return 126
             relay.started(proc)
             if guarding is not None:
-                guarding.start(proc, name)
+                guarding.start(proc, command)
             prefer_not_to_be_killed(args.root)
             returncode = proc.wait()
             ended_at = time.monotonic()

@@ -46,23 +46,75 @@ def guarded_status(returncode: int, fired: Optional[Verdict], signum: Optional[i
     return exit_status(returncode)
 
 
-def fire_line(verdict: Verdict, signum: int, name: str, pid: int) -> str:
-    """The line printed as the signal is sent: stopping to save, to whom, and why."""
+def is_torchrun(command: list[str]) -> bool:
+    """Whether CMD is torchrun (`torchrun ...` or `python -m torch.distributed.run ...`),
+    whose workers, not itself, get the guard's signal: signalled itself, torchrun forwards
+    the signal to its workers and then exits 1 whatever they did (its agent re-raises it as
+    SignalException; torch 2.13), so a save would never read as one. Its workers signalled
+    directly, torchrun sees them exit and exits 0 when every one exited 0, else 1."""
+    if not command:
+        return False
+    if os.path.basename(command[0]) == "torchrun":
+        return True
+    return (os.path.basename(command[0]).startswith("python")
+            and command[1:3] == ["-m", "torch.distributed.run"])
+
+
+def parse_children(texts: list[str]) -> list[int]:
+    """The pids in /proc/PID/task/TID/children files (space-separated), each once, sorted."""
+    return sorted({int(word) for text in texts for word in text.split() if word.isdigit()})
+
+
+def read_children(pid: int) -> list[int]:
+    """A process's children, from /proc/PID/task/*/children (Linux 3.5+ with
+    CONFIG_PROC_CHILDREN, as Debian builds it; a thread's children are listed under that
+    thread, so every thread's file is read); [] when they cannot be read."""
+    texts = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                texts.append(f.read())
+        except OSError:
+            continue  # the thread ended, or no CONFIG_PROC_CHILDREN
+    return parse_children(texts)
+
+
+def fire_line(verdict: Verdict, signum: int, name: str, pids: list[int],
+              workers: bool = False) -> str:
+    """The line printed as the signal is sent: stopping to save, to whom, and why
+    (`workers`: `pids` are CMD's workers, torchrun's, not CMD)."""
     message = verdict.message()
     _, found, why = message.partition(": save and stop: ")
     if not found:
         why = message.removeprefix("cgwatch guard: ")
-    return (f"cgwatch guard: stopping to save: sending {signal_name(signum)} to {name} "
-            f"(pid {pid}); why: {why}")
+    listed = ", ".join(str(pid) for pid in pids)
+    if workers:
+        whom = f"{name}'s {len(pids)} worker(s) (pid {listed})"
+    else:
+        whom = f"{name} (pid {listed})"
+    return (f"cgwatch guard: stopping to save: sending {signal_name(signum)} to {whom}; "
+            f"why: {why}")
 
 
 def outcome_line(name: str, returncode: int, signum: int, seconds: float,
-                 directory: Optional[str], saved_to: Optional[str]) -> str:
+                 directory: Optional[str], saved_to: Optional[str],
+                 workers: int = 0) -> str:
     """The line printed after CMD ended, once the guard had signalled it: whether it saved,
     where (`saved_to`: the newest entry of `directory` changed since the signal), how long
-    after the signal it ended, and `run`'s exit status (guarded_status's rule)."""
+    after the signal it ended, and `run`'s exit status (guarded_status's rule). `workers`:
+    how many of torchrun's workers got the signal instead of CMD (0: CMD got it)."""
     sent = signal_name(signum)
     after = f"{_seconds(seconds)} after {sent}"
+    if workers and returncode not in (0, GUARD_EXIT_STATUS) and returncode > 0:
+        return (f"cgwatch guard: {name} exited {returncode} {after} to its {workers} "
+                f"worker(s): at least one did not save and exit 0 (its summary above names "
+                f"it); exit {returncode}")
+    if workers and returncode in (0, GUARD_EXIT_STATUS):
+        name = f"{name}'s {workers} worker(s)"
     if returncode in (0, GUARD_EXIT_STATUS):
         if saved_to is not None:
             where = f"; checkpoint: {saved_to}"
@@ -129,6 +181,8 @@ class GuardThread:
         self.recorder = recorder
         self.proc: Optional[subprocess.Popen[Any]] = None
         self.name = ""
+        self.torchrun = False
+        self.workers = 0  # torchrun's workers signalled (0: CMD itself was)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._check_until_stopped,
                                         name="cgwatch-run-guard", daemon=True)
@@ -139,9 +193,10 @@ class GuardThread:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, proc: subprocess.Popen[Any], name: str) -> None:
+    def start(self, proc: subprocess.Popen[Any], command: list[str]) -> None:
         self.proc = proc
-        self.name = name
+        self.name = os.path.basename(command[0])
+        self.torchrun = is_torchrun(command)
         self._thread.start()
 
     def close(self) -> None:
@@ -170,7 +225,7 @@ class GuardThread:
         if saved and self.checkpoint_dir is not None:
             saved_to = find_saved(self.checkpoint_dir, self.fired_wall)
         return {"line": outcome_line(self.name, returncode, self.signum, seconds,
-                                     self.checkpoint_dir, saved_to),
+                                     self.checkpoint_dir, saved_to, self.workers),
                 "seconds": round(seconds, 3), "saved": saved, "checkpoint": saved_to}
 
     def _check_until_stopped(self) -> None:
@@ -184,14 +239,22 @@ class GuardThread:
         self.fired = verdict
         proc = self.proc
         assert proc is not None
-        print(fire_line(verdict, self.signum, self.name, proc.pid), file=sys.stderr,
-              flush=True)
+        targets = read_children(proc.pid) if self.torchrun else []
+        self.workers = len(targets)
+        print(fire_line(verdict, self.signum, self.name, targets or [proc.pid],
+                        bool(targets)), file=sys.stderr, flush=True)
         if self.recorder is not None:
             self.recorder.mark("guard", f"guard: {verdict.trigger}, {signal_name(self.signum)}",
                                final=True, cgroup_path=verdict.level)
         self.fired_wall = time.time()
         self.fired_at = time.monotonic()
-        try:
-            proc.send_signal(self.signum)
-        except OSError:
-            pass  # it has exited already: its status says the rest
+        if not targets:
+            try:
+                proc.send_signal(self.signum)
+            except OSError:
+                pass  # it has exited already: its status says the rest
+        for pid in targets:
+            try:
+                os.kill(pid, self.signum)
+            except OSError:
+                pass  # that worker has exited already: torchrun's status says the rest
