@@ -222,6 +222,7 @@ class Fleet:
     def __init__(self, count: int, *, ns_limit: int = 0, pool: bool = False,
                  env: Optional[dict[str, str]] = None, uid: int = UID,
                  neighbour: float = 0.0) -> None:
+        self.uid = uid
         self.cgroup = os.path.join(_own_memory_dir(), f"cgwatch-fleet-{uuid.uuid4().hex[:8]}")
         os.mkdir(self.cgroup)
         self.limit_file = os.path.join(self.cgroup, "memory.limit_in_bytes")
@@ -292,6 +293,22 @@ class Fleet:
         finally:
             # Also when the parent died and its orphaned children hold its stdout open.
             self._remove_cgroup()
+            self._remove_shared_counts()
+
+    def _remove_shared_counts(self) -> None:
+        """The fleet's uid's shared counts (quota.py: one file per uid and user namespace,
+        which outlives its processes by design): ours to remove, the uid being the bench's."""
+        try:
+            names = os.listdir("/dev/shm")
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join("/dev/shm", name)
+            try:
+                if name.startswith("cgwatch-inotify-") and os.lstat(path).st_uid == self.uid:
+                    os.unlink(path)
+            except OSError:
+                continue
 
     def _remove_cgroup(self) -> None:
         for _ in range(100):
