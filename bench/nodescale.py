@@ -18,7 +18,11 @@ polling; the least of 10 samples), with all children running and after half of t
 exited; how many answers total_memory() gives right after a limit write on their cgroup
 (the write returns, then every child is signalled and answers at once); and the children's
 idle CPU (the sum of every
-thread's schedstat run time over a quiet period, in % of one core).
+thread's schedstat run time over a quiet period, in % of one core). And a neighbour: another
+program of the uid (as `tail -F`) calling inotify_init1 and closing it in a tight loop while
+the children start and for a second after; its failed calls (EMFILE: a cgwatch probe held the
+uid's last instances) are `neighbour.failures` (before the shared count of quota.py, 300
+children made 10079 of 180036 calls fail, in 0.86 s).
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ def fleet_python() -> str:
     return sys.executable
 GiB = 1 << 30
 
-# The fleet parent, run as UID (its argv: count, userns limit or 0, fork-pool 0/1). It
+# The fleet parent, run as UID (its argv: count, userns limit or 0, fork-pool 0/1, how long
+# the neighbour goes on after the children started, in seconds, or 0 for none). It
 # answers the orchestrator's commands on stdin with one JSON line each on stdout.
 FLEET = r'''
 import ctypes, errno, json, os, select, signal, sys, time
 count, ns_limit, pool = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
+neighbour = float(sys.argv[4])
 libc = ctypes.CDLL(None, use_errno=True)
 if ns_limit:
     CLONE_NEWUSER = 0x10000000
@@ -63,6 +69,36 @@ if ns_limit:
     open("/proc/sys/user/max_inotify_instances", "w").write(str(ns_limit))
 print(json.dumps({"ready": os.getpid()}), flush=True)
 sys.stdin.readline()  # "go": the orchestrator moved us into the cgroup
+def run_neighbour(out):
+    # Another program of the uid (tail -F, an editor): makes one instance and closes it, in a
+    # tight loop, from before the first child starts until all of them answered and the
+    # neighbour's seconds passed (their retries), when the parent sends SIGUSR2 (a pipe's
+    # end would stay open in every forked child).
+    stopped = []
+    signal.signal(signal.SIGUSR2, lambda *_: stopped.append(1))
+    attempts = failures = 0
+    first = last = 0.0
+    while not stopped:
+        fd = libc.inotify_init1(os.O_CLOEXEC)
+        attempts += 1
+        if fd < 0:
+            failures += 1
+            last = time.monotonic()
+            first = first or last
+        else:
+            os.close(fd)
+    os.write(out, json.dumps({"attempts": attempts, "failures": failures,
+                              "window_s": round(last - first, 3)}).encode())
+    os._exit(0)
+neighbour_pid = -1
+if neighbour:
+    out_r, out_w = os.pipe()
+    neighbour_pid = os.fork()
+    if neighbour_pid == 0:
+        os.close(out_r)
+        run_neighbour(out_w)
+    os.close(out_w)
+    time.sleep(0.2)
 import cgwatch
 parent_monitor = cgwatch.Monitor() if pool else None
 r, w = os.pipe()
@@ -117,13 +153,21 @@ def cpu_ns(pids):
         except OSError:
             pass
     return total
+t_start = time.monotonic()
 ready = collect(count)
+start_seconds = time.monotonic() - t_start
 def modes(rows):
     out = {}
     for row in rows:
         out[row["mode"]] = out.get(row["mode"], 0) + 1
     return out
-print(json.dumps({"started": len(ready), "modes": modes(ready)}), flush=True)
+started = {"started": len(ready), "modes": modes(ready), "start_s": round(start_seconds, 2)}
+if neighbour:
+    time.sleep(neighbour)
+    os.kill(neighbour_pid, signal.SIGUSR2)
+    started["neighbour"] = json.loads(os.read(out_r, 4096))
+    os.waitpid(neighbour_pid, 0)
+print(json.dumps(started), flush=True)
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "free":
@@ -176,7 +220,9 @@ class Fleet:
     """One fleet parent and its children, in a cgroup of their own."""
 
     def __init__(self, count: int, *, ns_limit: int = 0, pool: bool = False,
-                 env: Optional[dict[str, str]] = None, uid: int = UID) -> None:
+                 env: Optional[dict[str, str]] = None, uid: int = UID,
+                 neighbour: float = 0.0) -> None:
+        self.uid = uid
         self.cgroup = os.path.join(_own_memory_dir(), f"cgwatch-fleet-{uuid.uuid4().hex[:8]}")
         os.mkdir(self.cgroup)
         self.limit_file = os.path.join(self.cgroup, "memory.limit_in_bytes")
@@ -185,7 +231,8 @@ class Fleet:
         full_env = dict(os.environ, PYTHONPATH=project, **(env or {}))
         try:
             self.proc = subprocess.Popen(
-                [fleet_python(), "-c", FLEET, str(count), str(ns_limit), "1" if pool else "0"],
+                [fleet_python(), "-c", FLEET, str(count), str(ns_limit), "1" if pool else "0",
+                 str(neighbour)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True, env=full_env, user=uid, group=uid, extra_groups=[], cwd="/")
         except BaseException:
@@ -233,15 +280,37 @@ class Fleet:
 
     def close(self) -> None:
         self._err = ""
-        if self.proc.poll() is None:
-            try:
-                self._send("quit")
-                _, self._err = self.proc.communicate(timeout=60)
-            except Exception:  # noqa: BLE001 - clean up whatever happens
-                self.proc.kill()
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self._send("quit")
+                    _, self._err = self.proc.communicate(timeout=60)
+                except Exception:  # noqa: BLE001 - clean up whatever happens
+                    self.proc.kill()
+                    _, self._err = self.proc.communicate(timeout=30)
+            else:
                 _, self._err = self.proc.communicate(timeout=30)
-        else:
-            _, self._err = self.proc.communicate(timeout=30)
+        finally:
+            # Also when the parent died and its orphaned children hold its stdout open.
+            self._remove_cgroup()
+            self._remove_shared_counts()
+
+    def _remove_shared_counts(self) -> None:
+        """The fleet's uid's shared counts (quota.py: one file per uid and user namespace,
+        which outlives its processes by design): ours to remove, the uid being the bench's."""
+        try:
+            names = os.listdir("/dev/shm")
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join("/dev/shm", name)
+            try:
+                if name.startswith("cgwatch-inotify-") and os.lstat(path).st_uid == self.uid:
+                    os.unlink(path)
+            except OSError:
+                continue
+
+    def _remove_cgroup(self) -> None:
         for _ in range(100):
             try:
                 with open(os.path.join(self.cgroup, "cgroup.procs")) as f:
@@ -260,23 +329,29 @@ class Fleet:
 
 def measure(count: int, *, idle_seconds: float, ns_limit: int = 0, pool: bool = False,
             env: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """The node-scale row of one fleet of `count` processes."""
-    fleet = Fleet(count, ns_limit=ns_limit, pool=pool, env=env)
+    """The node-scale row of one fleet of `count` processes (with a neighbour: another
+    program of the uid making instances while they start)."""
+    fleet = Fleet(count, ns_limit=ns_limit, pool=pool, env=env, neighbour=1.0)
     try:
-        row: dict[str, Any] = {"processes": count, "modes": fleet.started["modes"]}
+        row: dict[str, Any] = {"processes": count, "modes": fleet.started["modes"],
+                               "start_s": fleet.started["start_s"],
+                               "neighbour": fleet.started["neighbour"]}
         # Instances the uid can still make, the least of 10 samples 50 ms apart (a
         # program starting at any of those moments gets at least that many).
         row["free_running"] = fleet.command("free 10")["free"]
         time.sleep(1.0)  # let anything that retries take instances back
         row["free_after_1s"] = fleet.command("free 10")["free"]
-        right = 0
+        right = late = 0
         trials = 5
         for i in range(trials):
             limit = (7 * GiB) - i * (1 << 20)
             fleet.set_limit(limit)
             got = fleet.command("ask")
             right += sum(1 for total in got["answers"] if total == limit)
+            # an ask whose answers did not all come in 60 s (a loaded machine), not wrong ones
+            late += count - len(got["answers"])
         row["answers_right"] = f"{right}/{trials * count}"
+        row["answers_late"] = late
         row["idle_cpu_percent"] = round(fleet.command(f"idle {idle_seconds}",
                                                       timeout=idle_seconds + 60)["cpu_percent"], 3)
         fleet.command(f"exit {count // 2}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+import time
 
 from . import quota
 from .frozen import Frozen, fill
@@ -84,6 +85,10 @@ class WatchUnavailable(Exception):
 
 class QuotaRefused(WatchUnavailable):
     """No instance taken: the uid has too few left for its other programs (quota.py)."""
+
+
+class QuotaBusy(QuotaRefused):
+    """No instance taken yet: another process of the uid is deciding (quota.take_counted)."""
 
 
 class TargetGone(Exception):
@@ -209,13 +214,17 @@ class Watcher:
             if limit is None:
                 self._fd = inotify_init()
             else:
-                self._fd, found = quota.take_instance(inotify_init, limit)
+                self._fd, found = quota.take_counted(inotify_init, limit, time.monotonic(),
+                                                     os.environ)
+        except quota.ProbeBusy as e:
+            raise QuotaBusy("another process of the uid is taking an inotify instance "
+                            "(trying again shortly)") from e
         except OSError as e:
             raise WatchUnavailable(_describe(e, "creating an instance")) from e
         if self._fd < 0:
             raise QuotaRefused(
                 f"leaving the uid's last inotify instances to other programs (only {found} "
-                f"could be made; cgwatch takes one when {quota.reserve(limit or 0)} more "
+                f"left; cgwatch takes one when {quota.reserve(limit or 0)} more "
                 f"remain of fs.inotify.max_user_instances={limit})")
 
     def fileno(self) -> int:

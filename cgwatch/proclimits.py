@@ -13,11 +13,10 @@ status: ~3 us against ~40 us for status here, fs/proc/task_mmu.c `task_statm()`)
   segment (`check_data_rlimit()`). statm's sixth field is data_vm + stack_vm (status `VmData`
   plus `VmStk`): the stack (~132 KiB) counts too, so the room is a little under the truth.
 - A Slurm job's declared limit (`slurm.from_environ`, or the controller's answer for a plain
-  `srun --mem`: `slurmctl.ask`, once per process, only when no cgroup of the job carries a
-  limit): the job's use is not known without a
-  cgroup, so its bound counts this process's resident set (statm's second field, `VmRSS`: a
-  floor of the job's use, so the answer is an upper bound, said in the level's `problem`).
-  It counts in total_memory() too.
+  `srun --mem`: `slurmctl.ask`, once per job step and node, only when no cgroup of the job
+  carries a limit): the job's use is not known without a cgroup, so its bound counts this
+  process's resident set (statm's second field, `VmRSS`: a floor of the job's use, so the
+  answer is an upper bound, said in the level's `problem`). It counts in total_memory() too.
 
 The limits are read once per snapshot (`resource.getrlimit`, ~1 us here), never per query.
 """
@@ -88,8 +87,8 @@ def slurm_limit(environ: Mapping[str, str], levels: Sequence[tuple[str, Optional
 
     `levels`: (cgroup path, limit) of each level, the process's own first. Without
     `SLURM_MEM_PER_*` (a plain `srun --mem`) the controller is asked (`ask`, default
-    `slurmctl.ask`: once per process, bounded) unless a cgroup of the job or step carries a
-    limit (`slurm.needs_controller`)."""
+    `slurmctl.ask`: once per job step and node, bounded) unless a cgroup of the job or step
+    carries a limit (`slurm.needs_controller`)."""
     if "SLURM_JOB_ID" not in environ and "SLURM_JOBID" not in environ:
         return None, ""  # the common case costs no import of slurm.py (and so of re)
     from .slurm import from_environ, needs_controller

@@ -210,3 +210,60 @@ def from_scontrol(text: str, job: int, step: Optional[str],
     except ValueError as exc:
         problem = str(exc)
     return Declared(job, step, limit, option, problem)
+
+
+# The controller's answer shared by the processes of a job on a node (slurmctl.py): a header
+# line, then scontrol's output (or why it could not be had).
+_SHARED_TAG = "cgwatch-slurm-answer 1"
+
+
+class SharedAnswer(Frozen):
+    """One `scontrol show job` of job `job`, asked at `asked` (time.time()): its output when
+    `ok`, else why it failed."""
+
+    __slots__ = _fields = ("job", "asked", "ok", "text")
+    job: int
+    asked: float
+    ok: bool
+    text: str
+
+    def __init__(self, job: int, asked: float, ok: bool, text: str) -> None:
+        fill(self, locals())
+
+
+def format_shared(answer: SharedAnswer) -> str:
+    return (f"{_SHARED_TAG} job={answer.job} asked={answer.asked:.3f} "
+            f"ok={int(answer.ok)}\n{answer.text}")
+
+
+def parse_shared(text: str) -> Optional[SharedAnswer]:
+    """The shared file's answer, or None for anything else (a new empty file, another
+    version's): the reader asks the controller itself."""
+    head, sep, body = text.partition("\n")
+    fields = head.split(" ")
+    if not sep or " ".join(fields[:2]) != _SHARED_TAG or len(fields) != 5:
+        return None
+    values = dict(f.split("=", 1) for f in fields[2:] if "=" in f)
+    job, asked, ok = values.get("job", ""), values.get("asked", ""), values.get("ok", "")
+    if not (job.isascii() and job.isdigit()) or ok not in ("0", "1") \
+            or not asked.isascii():
+        return None
+    try:
+        when = float(asked)
+    except ValueError:
+        return None
+    if not when >= 0.0:  # NaN too
+        return None
+    return SharedAnswer(int(job), when, ok == "1", body)
+
+
+def shared_usable(answer: Optional[SharedAnswer], job: int, now: float, since: float,
+                  retry_after: float) -> bool:
+    """Whether a shared answer stands for job `job` now: asked for it after `since` (when
+    this process's step started: an answer left by an earlier job of the same id, after the
+    controller's job ids wrapped or restarted, is older), not in the future (another clock),
+    and either a real answer (final) or a failure less than `retry_after` seconds old (the
+    same rules as one process's answer)."""
+    if answer is None or answer.job != job or not since <= answer.asked <= now + 1.0:
+        return False
+    return answer.ok or now - answer.asked < retry_after

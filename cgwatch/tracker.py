@@ -316,6 +316,11 @@ class Tracker:
             self._watch_or_resolve()
             if not self._watch.active:
                 self._retry_at = max(self._retry_at, self._use.next_try(now))
+            elif not self._publish_fresh_limits():
+                # Watching now: a limit written while we polled, before the watch existed,
+                # raised no event, and the thread's timer retries without a query's
+                # limit_check first; read the limits again (as _watch_and_verify does).
+                self.resolve_again("our cgroup vanished")
         else:
             self._attach_loop()
             self._republish()

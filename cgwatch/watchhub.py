@@ -25,7 +25,7 @@ import time
 import weakref
 
 from . import quota
-from .inotify import Target, Watcher, WatchEvent, WatchUnavailable
+from .inotify import QuotaBusy, Target, Watcher, WatchEvent, WatchUnavailable
 from .loop import LOOP, at_fork_in_child
 from .names import FileNames
 from .seam import Layout, Subscription
@@ -96,6 +96,7 @@ class Hub:
         self._refusals = 0  # creations refused in a row (quota.backoff)
         self._next_try = 0.0
         self._refusal: Optional[WatchUnavailable] = None
+        self._limit = 0  # the instance limit our instance was taken under (quota.give_back)
         self.at_exit = False
         self.reading = False  # between the pokes before a read and those after it
         self.dead: list[int] = []  # members collected without stop(): dropped on the next use
@@ -125,12 +126,19 @@ class Hub:
             now = time.monotonic()
             if self._refusal is not None and now < self._next_try:
                 raise self._refusal
+            # The spread from the clock's microseconds: `random` costs ~1 ms to import.
+            spread = time.monotonic_ns() // 1000 % 1000 / 1000
+            limit = quota.read_limit()
             try:
-                watcher = Watcher(quota.read_limit())
+                watcher = Watcher(limit)
+            except QuotaBusy as e:
+                # Another process of the uid is deciding: no refusal, try again at the next
+                # retry (the tracker's, >= 1 s), never wait for its lock here (a query).
+                self._next_try = now + 0.5 + spread
+                self._refusal = e
+                raise
             except WatchUnavailable as e:  # EMFILE too: none left, back off the same
                 self._refusals += 1
-                # The spread from the clock's microseconds: `random` costs ~1 ms to import.
-                spread = time.monotonic_ns() // 1000 % 1000 / 1000
                 self._next_try = now + quota.backoff(self._refusals, spread)
                 self._refusal = e
                 raise
@@ -140,7 +148,7 @@ class Hub:
             except OSError as e:
                 watcher.close()
                 raise WatchUnavailable(f"cannot create an epoll descriptor: {e}") from e
-            self.watcher, self._epoll = watcher, epoll
+            self.watcher, self._epoll, self._limit = watcher, epoll, limit
             self._refusals, self._refusal = 0, None
             self._sync_loop()
 
@@ -181,6 +189,7 @@ class Hub:
                     # Not closed here: a query may still hold the snapshot whose `pending`
                     # is the epoll's poll(); it closes when the last such snapshot goes.
                     watcher.close()
+                    quota.give_back(self._limit, os.environ)
             self._sync_loop()
 
     def want_loop(self, token: int, want: bool) -> None:

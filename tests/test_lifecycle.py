@@ -258,3 +258,34 @@ def test_events_without_alerts_leave_the_thread_idle_after_a_limit_change(
         ev.close(); m.close()
     """)
     assert got < 0.3  # spinning costs ~1 s of CPU in this second; idle costs ~0
+
+
+def test_a_limit_written_while_polling_is_seen_after_the_thread_starts_watching(
+        host: FakeHost) -> None:
+    """A polling monitor whose retry, on the thread's timer, gets an instance: a limit
+    written before the watch existed raised no event, so the retry reads the limits again
+    once watching. Before, it republished the polling snapshot's limits as watching, and
+    every query answered the old limit until the next change (seen in bench.nodescale: 4 of
+    500 answers after a write, when 43 of 100 processes found the uid's lock held at start
+    and watched a second later). A fresh interpreter: no other monitor holds the process's
+    instance."""
+    tree(host)
+    name = "memory.max" if host.version == 2 else "memory.limit_in_bytes"
+    limit_file = os.path.join(host.path(host.level_dir("/a/b/c")), name)
+    got = run_py(f"""
+        import errno
+        from cgwatch import inotify, testdoor
+        real = inotify.inotify_init
+        def refuse(*_):
+            raise OSError(errno.EMFILE, "Too many open files")
+        inotify.inotify_init = refuse
+        m = Monitor({host.root!r}, migration_interval=0.1)
+        before = (m.total_memory(), m.status.mode)
+        inotify.inotify_init = real
+        testdoor.forget_inotify_refusals()
+        with open({limit_file!r}, "w") as f:  # in place, as the kernel's file is written
+            f.write("{256 * MiB}\\n")
+        time.sleep(3.0)  # no query: the retry comes 0.5-1.5 s later, on a 0.1 s timer
+        print(json.dumps([*before, m.total_memory(), m.status.mode]))
+    """)
+    assert got == [512 * MiB, "polling", 256 * MiB, "watching"]

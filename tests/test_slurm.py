@@ -8,11 +8,15 @@ import pytest
 
 from cgwatch.slurm import (
     Declared,
+    SharedAnswer,
     SlurmPlace,
+    format_shared,
     from_environ,
     from_scontrol,
     needs_controller,
+    parse_shared,
     parse_slurm_cgroup,
+    shared_usable,
 )
 
 MIB = 1 << 20
@@ -288,3 +292,69 @@ NEEDS = [
 @pytest.mark.parametrize("row", NEEDS)
 def test_needs_controller(row: Need) -> None:
     assert needs_controller(row.environ, row.levels) is row.want
+
+
+# ---- the controller's answer shared by a job's processes (slurmctl.ask_shared) -------------
+
+ANSWER_LINE = ("JobId=7 JobName=sh UserId=root(0) NumNodes=1 NumCPUs=8 NumTasks=8 "
+               "MinMemoryNode=300M Command=python\n")
+
+
+class SharedRow(NamedTuple):
+    id: str
+    text: str
+    expected: Optional[SharedAnswer]
+
+
+SHARED = [
+    SharedRow("answer", f"cgwatch-slurm-answer 1 job=7 asked=1764800000.250 ok=1\n{ANSWER_LINE}",
+              SharedAnswer(7, 1764800000.25, True, ANSWER_LINE)),
+    SharedRow("failure", "cgwatch-slurm-answer 1 job=7 asked=1764800000.000 ok=0\n"
+              "scontrol exited 1: Unable to contact slurm controller",
+              SharedAnswer(7, 1764800000.0, False,
+                           "scontrol exited 1: Unable to contact slurm controller")),
+    SharedRow("new-empty-file", "", None),
+    SharedRow("header-cut-short", "cgwatch-slurm-answer 1 job=7 asked=17", None),
+    SharedRow("another-version", "cgwatch-slurm-answer 2 job=7 asked=1.0 ok=1\n", None),
+    SharedRow("ok-not-a-flag", "cgwatch-slurm-answer 1 job=7 asked=1.0 ok=yes\n", None),
+    SharedRow("job-not-a-number", "cgwatch-slurm-answer 1 job=-7 asked=1.0 ok=1\n", None),
+    SharedRow("nan-time", "cgwatch-slurm-answer 1 job=7 asked=nan ok=1\n", None),
+    SharedRow("arabic-indic-job", "cgwatch-slurm-answer 1 job=\u0667 asked=1.0 ok=1\n", None),
+]
+
+
+@pytest.mark.parametrize("row", SHARED, ids=[r.id for r in SHARED])
+def test_parse_shared(row: SharedRow) -> None:
+    assert parse_shared(row.text) == row.expected
+
+
+def test_format_shared_reads_back() -> None:
+    answer = SharedAnswer(7, 1764800000.25, True, ANSWER_LINE)
+    assert format_shared(answer) == (
+        f"cgwatch-slurm-answer 1 job=7 asked=1764800000.250 ok=1\n{ANSWER_LINE}")
+    assert parse_shared(format_shared(answer)) == answer
+
+
+class UsableRow(NamedTuple):
+    id: str
+    answer: Optional[SharedAnswer]
+    now: float
+    since: float  # when our step's slurmstepd started
+    expected: bool
+
+
+USABLE = [
+    UsableRow("none", None, 1000.0, 900.0, False),
+    UsableRow("answer-is-final", SharedAnswer(7, 950.0, True, ""), 100000.0, 900.0, True),
+    UsableRow("failure-fresh", SharedAnswer(7, 950.0, False, ""), 1009.9, 900.0, True),
+    UsableRow("failure-60s-old", SharedAnswer(7, 950.0, False, ""), 1010.0, 900.0, False),
+    UsableRow("another-job", SharedAnswer(8, 950.0, True, ""), 1000.0, 900.0, False),
+    # the same job id asked before our step started: an earlier job's (ids wrapped)
+    UsableRow("before-our-step", SharedAnswer(7, 899.0, True, ""), 1000.0, 900.0, False),
+    UsableRow("from-the-future", SharedAnswer(7, 1001.5, True, ""), 1000.0, 900.0, False),
+]
+
+
+@pytest.mark.parametrize("row", USABLE, ids=[r.id for r in USABLE])
+def test_shared_usable(row: UsableRow) -> None:
+    assert shared_usable(row.answer, 7, row.now, row.since, 60.0) is row.expected

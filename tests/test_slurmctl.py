@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
 from cgwatch.slurm import Declared
-from cgwatch.slurmctl import ask, asked
+from cgwatch.slurmctl import ask, ask_shared, asked, shared_name, step_started_at
 
 MIB = 1 << 20
 LINE = ("JobId={job} JobName=sh UserId=root(0) NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 "
@@ -87,3 +92,108 @@ def test_an_answer_not_understood_is_said(tmp_path: Path) -> None:
     got = ask(Declared(900005, "0", None, None), env)
     assert got.limit is None and got.problem is not None
     assert "scontrol's answer not understood: no MinMemoryNode or MinMemoryCPU" in got.problem
+
+
+# ---- one ask per step and node: the answer shared through a file of the job ----------------
+
+
+def test_the_tasks_of_a_step_share_one_ask(tmp_path: Path) -> None:
+    """8 processes of one step (under a stand-in `slurmstepd`: a shell of that name, as
+    slurmstepd is the tasks' ancestor), started together, with a stand-in scontrol that is
+    slow to answer: one call, and every process has the limit (the others waited for the
+    asker's lock and read its answer). A generous timeout: the machine may be loaded."""
+    env = fake_scontrol(tmp_path, f"sleep 0.3; echo '{LINE.format(job=900010)}'")
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    stepd = tmp_path / "slurmstepd"
+    stepd.write_bytes(Path("/bin/sh").read_bytes())
+    stepd.chmod(0o755)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import os; "
+            "from cgwatch.slurm import Declared; from cgwatch.slurmctl import ask; "
+            "got = ask(Declared(900010, '0', None, None), os.environ, timeout=30); "
+            "print(got.limit, got.problem)")
+    repo = str(Path(__file__).resolve().parent.parent)
+    tasks = " ".join(f"{sys.executable} -c \"{code}\" {repo} > {tmp_path}/out{i} &"
+                     for i in range(8))
+    run = subprocess.run([str(stepd), "-c", f"{tasks} wait"], timeout=60,
+                         env={**os.environ, **env, "TMPDIR": str(shared)})
+    assert run.returncode == 0
+    assert [(tmp_path / f"out{i}").read_text() for i in range(8)] == [f"{300 * MIB} None\n"] * 8
+    assert calls(tmp_path) == ["show job -o 900010"]
+    (answer,) = shared.iterdir()
+    assert answer.name == f"cgwatch-slurm-900010-{os.geteuid()}"
+    assert answer.stat().st_mode & 0o777 == 0o600
+
+
+def _shared(tmp_path: Path, declared: Declared, env: dict[str, str], *, since: float,
+            retry_after: float = 60.0) -> Declared:
+    # A generous timeout: a stand-in shell script took over 3 s at load 50 here.
+    return ask_shared(declared, env, 30.0, retry_after, since=since, dirs=[str(tmp_path)])
+
+
+def test_a_shared_failure_is_asked_again_after_the_back_off(tmp_path: Path) -> None:
+    down = fake_scontrol(tmp_path, "echo 'Unable to contact slurm controller' >&2; exit 1")
+    job = Declared(900011, "0", None, None)
+    first = _shared(tmp_path, job, down, since=0.0)
+    assert first.limit is None and first.problem is not None
+    assert "(scontrol exited 1: Unable to contact slurm controller)" in first.problem
+    assert _shared(tmp_path, job, down, since=0.0) == first  # another task: no call
+    assert len(calls(tmp_path)) == 1
+    up = fake_scontrol(tmp_path, f"echo '{LINE.format(job=900011)}'")
+    got = _shared(tmp_path, job, up, since=0.0, retry_after=0.0)
+    assert (got.limit, got.problem) == (300 * MIB, None)
+    assert _shared(tmp_path, job, up, since=0.0, retry_after=0.0).limit == 300 * MIB  # final
+    assert len(calls(tmp_path)) == 2
+
+
+def test_an_answer_from_before_the_step_started_is_asked_again(tmp_path: Path) -> None:
+    """An earlier job of the same id (the ids wrapped, a test cluster restarted) left its
+    answer: it was asked before our step started, and is not trusted."""
+    env = fake_scontrol(tmp_path, f"echo '{LINE.format(job=900012)}'")
+    path = tmp_path / shared_name(900012, os.geteuid())
+    path.write_text(f"cgwatch-slurm-answer 1 job=900012 asked={time.time() - 60:.3f} ok=1\n"
+                    f"{LINE.format(job=900012).replace('300M', '9G')}\n")
+    path.chmod(0o600)
+    got = _shared(tmp_path, Declared(900012, "0", None, None), env, since=time.time() - 5)
+    assert got.limit == 300 * MIB
+    assert len(calls(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("trap", ["open-to-others", "owned-by-another-uid", "symlink"])
+def test_an_answer_file_not_ours_alone_is_never_read(tmp_path: Path, trap: str) -> None:
+    """Another user can make the name first, with a wrong limit: a file open to others,
+    owned by another uid, or a symlink is passed over, and we ask ourselves."""
+    env = fake_scontrol(tmp_path, f"echo '{LINE.format(job=900013)}'")
+    path = tmp_path / shared_name(900013, os.geteuid())
+    lie = (f"cgwatch-slurm-answer 1 job=900013 asked={time.time():.3f} ok=1\n"
+           f"{LINE.format(job=900013).replace('300M', '9G')}\n")
+    if trap == "symlink":
+        (tmp_path / "elsewhere").write_text(lie)
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.write_text(lie)
+        path.chmod(0o644 if trap == "open-to-others" else 0o600)
+        if trap == "owned-by-another-uid":
+            if os.geteuid() != 0:
+                pytest.skip("chown needs root")
+            os.chown(path, 43118, 43118)
+    got = _shared(tmp_path, Declared(900013, "0", None, None), env, since=0.0)
+    assert got.limit == 300 * MIB
+    assert len(calls(tmp_path)) == 1
+
+
+def test_an_old_answer_file_of_another_job_is_pruned(tmp_path: Path) -> None:
+    env = fake_scontrol(tmp_path, f"echo '{LINE.format(job=900014)}'")
+    old = tmp_path / shared_name(900001, os.geteuid())
+    recent = tmp_path / shared_name(900002, os.geteuid())
+    for path in (old, recent):
+        path.write_text("")
+    day_ago = time.time() - 86400 - 60
+    os.utime(old, (day_ago, day_ago))
+    _shared(tmp_path, Declared(900014, "0", None, None), env, since=0.0)
+    assert sorted(p.name for p in tmp_path.glob("cgwatch-slurm-*")) == [
+        shared_name(900002, os.geteuid()), shared_name(900014, os.geteuid())]
+
+
+def test_no_slurmstepd_above_us() -> None:
+    assert step_started_at() is None  # pytest is not a Slurm task

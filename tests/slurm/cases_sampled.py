@@ -5,10 +5,24 @@ environment, and slurmstepd SIGKILLs the step within about a second of passing i
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
 from typing import Any, Optional
 
-from tests.slurm.jobs import PYTHON, MiB, cgwatch_json, sbatch, srun
+import pytest
+
+from tests.slurm.jobs import PYTHON, STATE, MiB, cgwatch_json, sbatch, srun
+
+
+@pytest.fixture(autouse=True)
+def job_tmpdir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs' TMPDIR under the tier's state, removed with it: a plain `srun --mem` leaves
+    the controller's answer in the job's temp dir (slurmctl.py), not in /dev/shm."""
+    monkeypatch.setenv("TMPDIR", tempfile.mkdtemp(dir=STATE))
+
 
 ALLOCATE = ("import time\nb = []\nwhile True:\n    b.append(bytearray(32 << 20))\n"
             "    time.sleep(0.05)\n")
@@ -78,3 +92,45 @@ def test_plain_srun_without_scontrol_says_so_and_answers_the_cgroups() -> None:
     cgroup_limits = [lvl["limit"] for lvl in data["levels"]
                      if lvl["kind"] == "cgroup" and lvl["limit"] is not None]
     assert data["total_memory"] == min(cgroup_limits + [data["host"]["mem_total"]]) > 300 * MiB
+
+
+@pytest.fixture
+def scontrol_log() -> Iterator[tuple[dict[str, str], str]]:
+    """A wrapper `scontrol` first on the jobs' PATH that logs each call (its pid and
+    arguments) and runs the real one; the job's temp dir under the tier's state (removed with
+    it): (the variables for srun, the log's path)."""
+    real = shutil.which("scontrol")
+    assert real is not None
+    base = tempfile.mkdtemp(dir=STATE)
+    log = os.path.join(base, "calls")
+    wrapper = os.path.join(base, "scontrol")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\necho \"$$ $*\" >> {log}\nexec {real} \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    tmp = os.path.join(base, "tmp")
+    os.mkdir(tmp)
+    try:
+        yield {"PATH": f"{base}:{os.environ['PATH']}", "TMPDIR": tmp}, log
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_step_of_eight_tasks_asks_the_controller_once(
+        scontrol_log: tuple[dict[str, str], str]) -> None:
+    """`srun -n 8 --mem=300M` (overcommitted on this small node): each of the 8 tasks learns
+    the declared --mem, and slurmctld is asked once (before: 8 `scontrol show job`, one per
+    task; a 300-task step sent 300 RPCs at start). The answer is shared through a file of the
+    job in the job's temp dir (slurmctl.py)."""
+    env, log = scontrol_log
+    code = ("import os, cgwatch; "
+            "print(os.environ['SLURM_PROCID'], os.environ['SLURM_JOB_ID'], "
+            "cgwatch.total_memory(), flush=True)")
+    out = srun("-n", "8", "--overcommit", "--mem=300M", PYTHON, "-c", code, env=env)
+    rows = sorted(line.split() for line in out.stdout.splitlines())
+    assert [row[0] for row in rows] == [str(i) for i in range(8)], out.stdout
+    assert {row[2] for row in rows} == {str(300 * MiB)}, out.stdout
+    with open(log) as f:
+        calls = f.read().splitlines()
+    job = rows[0][1]
+    assert [call.split(" ", 1)[1] for call in calls] == [f"show job -o {job}"], calls
+    assert os.listdir(env["TMPDIR"]) == [f"cgwatch-slurm-{job}-{os.geteuid()}"]
