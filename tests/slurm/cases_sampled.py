@@ -83,8 +83,14 @@ def test_plain_srun_mem_is_asked_of_the_controller_as_sbatch_declares_it() -> No
 
 
 def test_plain_srun_without_scontrol_says_so_and_answers_the_cgroups() -> None:
-    data = json.loads(srun("--mem=300M", "env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", PYTHON,
-                           "-m", "cgwatch", "--json").stdout)
+    # PATH is an empty directory of the tier's own, not the system's directories: a host with
+    # Debian's slurm-client installed has scontrol in /usr/bin (seen: this case failed there).
+    empty = tempfile.mkdtemp(dir=STATE)
+    try:
+        data = json.loads(srun("--mem=300M", "env", f"PATH={empty}", PYTHON,
+                               "-m", "cgwatch", "--json").stdout)
+    finally:
+        os.rmdir(empty)
     reason = data["status"]["reason"]
     assert "(scontrol is not on PATH)" in reason, reason
     assert "total_memory() is what the cgroups say" in reason
