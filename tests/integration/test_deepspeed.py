@@ -33,7 +33,7 @@ LAUNCH_LIMIT = 2048 * MiB  # launcher, node launcher and rank share one cgroup
 
 
 # Child prologue: read accelerator answers and cgwatch's at the same moment (retry until no
-# allocation moved the usage between the two cgwatch reads around the accelerator's).
+# allocation moved the usage during the three reads: cgwatch's, the accelerator's, cgwatch's).
 PROBE = textwrap.dedent("""
     import json, os, sys
     import cgwatch
@@ -43,7 +43,7 @@ PROBE = textwrap.dedent("""
             a1 = cgwatch.available_memory()
             got = accel.available_memory()
             a2 = cgwatch.available_memory()
-            if a1 == a2:
+            if a1 == got == a2:  # the accelerator's own read may be the one that moved
                 break
         return {"class": type(accel).__name__, "name": accel._name,
                 "backend": accel.communication_backend_name(),
