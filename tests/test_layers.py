@@ -9,8 +9,8 @@ try/if), relative ones resolved against the importing module's package; `from . 
 counts as an import of the module `x` when `x` is one, else of the package. The lazy names of
 `cgwatch/__init__.py` (`_LAZY`, loaded with importlib on first use) are edges too. Not edges:
 - imports inside `if TYPE_CHECKING:` blocks: they load nothing at run time, and a type-only
-  import may point anywhere (/work/shared/STYLE.md section 1: a pure guard would take the
-  `MemorySource` protocol from psutil_view that way);
+  import may point anywhere (a pure module may name a higher layer's type in its annotations
+  that way, as a pure guard would take the `MemorySource` protocol from psutil_view);
 - the parent packages Python runs before a submodule (`cgwatch.cli.show` runs
   `cgwatch/cli/__init__.py` first): every module would then import `cgwatch`;
 - importlib.import_module of third-party modules (DeepSpeed's accelerator).
