@@ -156,6 +156,31 @@ def test_import_order_enable_autoload_before_and_after_import_deepspeed(
     assert_cgroup_answers(late["probe"], LIMIT)
 
 
+def test_the_class_asked_for_before_import_deepspeed_is_the_one_installed(
+        tree: Tree, env: dict[str, str]) -> None:
+    """The hook armed, then `accelerator_class()` before `import deepspeed`: building the class
+    imports DeepSpeed, whose import runs the hook, which asks for the class again on the same
+    thread (LazyClass's lock is reentrant for that). One class comes out: before, the build
+    made two, the installed accelerator was not an instance of the one returned, and
+    uninstall() refused (seen with DeepSpeed 0.19.8)."""
+    cg = tree.make("classfirst", limit=LIMIT)
+    code = PROBE + textwrap.dedent("""
+        from cgwatch.integrations import deepspeed as cgds
+        cgds.enable_autoload()
+        cls = cgds.accelerator_class()
+        from cgwatch.integrations.deepspeed import CgwatchCPUAccelerator
+        from deepspeed.accelerator import get_accelerator
+        accel = get_accelerator()
+        report(probe=probe(accel), status=cgds.autoload_status(),
+               same_class=type(accel) is cls is CgwatchCPUAccelerator,
+               uninstalled=cgds.uninstall(), after=type(get_accelerator()).__name__)
+    """)
+    r = run_in(tree, cg, code, env)
+    assert r["status"] == "installed" and r["same_class"]
+    assert_cgroup_answers(r["probe"], LIMIT)
+    assert r["uninstalled"] and r["after"] == "CPU_Accelerator"
+
+
 def test_multinode_launcher_forwards_switch_to_remote_rank(
         tree: Tree, env: dict[str, str], pth_installed: str, tmp_path: Path) -> None:
     """DeepSpeed's real multi-node runner with a stand-in `pdsh` that runs the "remote" node's
