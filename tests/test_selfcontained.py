@@ -27,7 +27,7 @@ HERE = os.path.relpath(os.path.abspath(__file__), PROJECT)
 MACHINE_PATH = re.compile(r"(?<![\w.}$/-])/(?:work|home|root|Users)/")
 SHARED = re.compile(r"\.\./shared\b")
 MARKDOWN = re.compile(r"[\w.-]+\.md\b")
-SKIPPED_DIRS = {".git", "__pycache__", "build", "dist", "site", "node_modules"}
+SKIPPED_DIRS = {"__pycache__", "build", "dist", "site", "node_modules"}  # and .* (venvs)
 
 
 def tracked_files() -> list[str]:
@@ -41,7 +41,7 @@ def tracked_files() -> list[str]:
         pass
     found = []
     for top, dirs, files in os.walk(PROJECT):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith(".venv")
+        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.startswith(".")
                    and not d.endswith(".egg-info")]
         found += [os.path.relpath(os.path.join(top, f), PROJECT) for f in files]
     return found
