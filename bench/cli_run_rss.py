@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from tests.cgroup_helpers import MiB, cgroup_tree, read
+from bench.cgroups import MiB, cgroup_tree, read
 
 # READY_FD (optional): a pipe the driver writes "ready" to once `cgwatch run` has made its
 # Events, i.e. after its imports and start-up: a test samples RSS from there, not after a

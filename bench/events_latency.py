@@ -24,9 +24,9 @@ import time
 from types import ModuleType
 from typing import Any, Optional
 
+from bench import cgroups
 from bench.cgroups import Nest
 from bench.latency import summarize
-from tests import cgroup_helpers
 
 MiB = 1 << 20
 HEADROOM = 256 * MiB  # the limit is set this far above the cgroup's usage before each trial
@@ -118,7 +118,7 @@ class _Floor:
         else:
             self.fd = os.eventfd(0)
             control = os.open(os.path.join(nest.leaf, "memory.oom_control"), os.O_RDONLY)
-            cgroup_helpers.write(os.path.join(nest.leaf, "cgroup.event_control"),
+            cgroups.write(os.path.join(nest.leaf, "cgroup.event_control"),
                                  f"{self.fd} {control}")
             self.fds = [self.fd, control]
         self.woke: list[float] = []
@@ -194,8 +194,8 @@ def _trials(package: Optional[ModuleType], nest: Nest, code: str, names: tuple[s
         for _ in range(trials):
             if _own_rss() > HEADROOM:
                 raise RuntimeError("bench RSS too large to leave the OOM kill to the child")
-            usage = int(cgroup_helpers.read(os.path.join(nest.leaf, names[1])))
-            cgroup_helpers.write(nest.limit_path(nest.leaf),
+            usage = int(cgroups.read(os.path.join(nest.leaf, names[1])))
+            cgroups.write(nest.limit_path(nest.leaf),
                                  str((usage + HEADROOM) // 4096 * 4096))
             time.sleep(0.005)  # let the threads settle after the limit write
             recorder.arm()

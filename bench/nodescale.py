@@ -33,6 +33,7 @@ import json
 import os
 import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,10 +43,20 @@ from typing import Any, Optional
 UID = 43117  # an unused uid: its inotify quota is ours alone on this machine
 
 
+def others_can_run(path: str) -> bool:
+    """Whether a uid that is neither the owner nor in the group can reach and run `path`: every
+    directory on the way needs o+x (a venv's interpreter may link into root's home, 0700)."""
+    real = os.path.realpath(path)
+    parts = real.split("/")
+    for end in range(1, len(parts)):
+        if not os.stat("/".join(parts[:end]) or "/").st_mode & stat.S_IXOTH:
+            return False
+    return bool(os.stat(real).st_mode & stat.S_IXOTH)
+
+
 def fleet_python() -> str:
-    """A Python the unprivileged uid can run (a venv's interpreter may link into /root)."""
-    real = os.path.realpath(sys.executable)
-    if real.startswith("/root/") and os.path.exists("/usr/bin/python3"):
+    """A Python the unprivileged uid can run: ours, else the system's."""
+    if not others_can_run(sys.executable) and os.path.exists("/usr/bin/python3"):
         return "/usr/bin/python3"
     return sys.executable
 GiB = 1 << 30

@@ -30,7 +30,7 @@ import tempfile
 import time
 from typing import Any
 
-from tests import cgroup_helpers
+from bench import cgroups
 
 MiB = 1 << 20
 LIMIT = 256 * MiB
@@ -38,7 +38,7 @@ FIRST_SIGHT = 5.0  # seconds before the forecast can see growth (4 closed bucket
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "save_child.py")
 
 
-def _child(tree: cgroup_helpers.Tree, cgroup: str, *args: str, timeout: float,
+def _child(tree: cgroups.Tree, cgroup: str, *args: str, timeout: float,
            checkpoint: str = os.devnull, save_seconds: float = 1.0,
            margin: float = 1.5) -> tuple[int, dict[str, Any]]:
     argv = [sys.executable, CHILD, "--cgroup", cgroup, "--checkpoint", checkpoint,
@@ -56,7 +56,7 @@ def _child(tree: cgroup_helpers.Tree, cgroup: str, *args: str, timeout: float,
 
 def leak_run(rate: float, save_seconds: float, margin: float, workdir: str,
              index: int) -> dict[str, Any]:
-    with cgroup_helpers.cgroup_tree() as tree:
+    with cgroups.cgroup_tree() as tree:
         job = tree.make("job", limit=LIMIT)
         checkpoint = os.path.join(workdir, f"checkpoint-{index}.json")
         began = time.monotonic()
@@ -64,7 +64,7 @@ def leak_run(rate: float, save_seconds: float, margin: float, workdir: str,
                               checkpoint=checkpoint, save_seconds=save_seconds,
                               margin=margin)
         ran = time.monotonic() - began
-        kills = cgroup_helpers.oom_kills(job, tree.version)
+        kills = cgroups.oom_kills(job, tree.version)
     saved = status == 75 and os.path.exists(checkpoint) and kills == 0
     # From what the job had left once started (the interpreter and cgwatch are charged there
     # too): the time the leak needs to fill it.
@@ -75,11 +75,11 @@ def leak_run(rate: float, save_seconds: float, margin: float, workdir: str,
 
 
 def sawtooth_run(seconds: float, seed: int) -> dict[str, Any]:
-    with cgroup_helpers.cgroup_tree() as tree:
+    with cgroups.cgroup_tree() as tree:
         job = tree.make("job", limit=LIMIT)
         status, data = _child(tree, job, "sawtooth", "--seconds", str(seconds), "--seed",
                               str(seed), timeout=seconds + 120)
-        kills = cgroup_helpers.oom_kills(job, tree.version)
+        kills = cgroups.oom_kills(job, tree.version)
     return {"status": status, "oom_kills": kills, **data}
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-sawtooth", action="store_true")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
-    why = cgroup_helpers.writable_reason()
+    why = cgroups.writable_reason()
     if why:
         print(f"save_campaign: skipped: {why}", file=sys.stderr)
         return 0

@@ -56,6 +56,7 @@ __all__ = [
     "unpatch_psutil",
     "patched_psutil",
     "is_patched",
+    "adopt_switch",
 ]
 
 
@@ -233,12 +234,15 @@ def _guarded(original: Callable[[], svmem],
     return cgwatch_virtual_memory
 
 
-def _adopt_switch(installed: Callable[[], svmem],
-                  original: Callable[[], svmem]) -> Callable[[], svmem]:
-    """Internal, for `CGWATCH_PSUTIL=1` (integrations/_autoload.py): `installed`, the
-    forwarding function the switch put in place of psutil's `original` when psutil loaded,
-    becomes our patch (is_patched() is True, unpatch_psutil() restores `original`). Returns
-    the function it forwards to."""
+def adopt_switch(installed: Callable[[], svmem],
+                 original: Callable[[], svmem]) -> Callable[[], svmem]:
+    """Adopt a forwarding function already in psutil's place as the patch, and return what it
+    should forward to (the cgroup-aware view, guarded: psutil's answer if the view fails).
+
+    For `CGWATCH_PSUTIL=1` (integrations/_autoload.py `forward_psutil`): when psutil loaded,
+    the switch put `installed` in place of psutil's `original` without importing cgwatch;
+    at its first call it adopts itself here. Afterwards `is_patched()` is True and
+    `unpatch_psutil()` restores `original`. If a patch is in place already, that one stays."""
     global _host_virtual_memory, _installed
     with _lock:
         if _installed is None:

@@ -6,7 +6,7 @@ Why: a checkpoint that is collective (DeepSpeed ZeRO's `save_checkpoint`, FSDP's
 every rank. A rank that decides alone sits in the save's collective while the others sit in
 the next step's gradient all-reduce: both wait for gloo's or NCCL's timeout (30 min by
 default). Measured with HF Trainer 5.24 and two gloo ranks: `should_save` on rank 0 only
-hangs; on both it writes `checkpoint-20` and stops (/work/shared/training/NOTES.md §6).
+hangs; on both it writes `checkpoint-20` and stops (docs/guard.md, "What the adapters rely on").
 
 What goes over the wire: one int64 per rank, MAX-reduced. 0 says "go on"; a stopping rank
 sends `code << 32 | rank`, where `code` ranks its trigger by urgency (RESERVE highest), so the

@@ -155,7 +155,7 @@ def test_explain_a_limit_that_cannot_be_seen() -> None:
     assert Report("x", 1, None, (), CULPRIT, None, "").cause == "limit"
 
 
-# ---- Slurm (layouts of Debian's slurm-wlm 22.05.8, ../shared/slurm/NOTES.md) -------------------
+# ---- Slurm (layouts of Debian's slurm-wlm 22.05.8, docs/deploy.md "Slurm") -------------------
 
 V1_JOB = "/slurm_vm/uid_0/job_4"
 V1_STEP = V1_JOB + "/step_0"

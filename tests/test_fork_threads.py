@@ -29,7 +29,7 @@ from tests.cgroup_helpers import PROJECT
 def _interpreter() -> Optional[str]:
     if sys.version_info >= (3, 12):
         return sys.executable
-    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv"), "/root/.pyenv"]
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
     found = []
     for root in filter(None, roots):
         for path in glob.glob(os.path.join(root, "versions", "3.*", "bin", "python3")):

@@ -1,7 +1,9 @@
 """The layer map of docs/design.md section 2, as a test: every module of cgwatch/ has a layer,
 no import goes to a higher layer except the ones listed here (and in design.md), every
 internal module's docstring starts with "Internal.", the design table says what LAYER says,
-and the package's import cycles are the known ones.
+the package's import cycles are the known ones, the pure modules import only the standard
+library's pure parts (`PURE_STDLIB`), no adapter imports another (`ADAPTERS`), and bench/
+imports nothing from tests/.
 
 How the import graph is drawn (`import_graph`): an AST walk of every .py file under cgwatch/,
 every `import` and `from ... import` at any depth (module level, inside functions, inside
@@ -9,8 +11,8 @@ try/if), relative ones resolved against the importing module's package; `from . 
 counts as an import of the module `x` when `x` is one, else of the package. The lazy names of
 `cgwatch/__init__.py` (`_LAZY`, loaded with importlib on first use) are edges too. Not edges:
 - imports inside `if TYPE_CHECKING:` blocks: they load nothing at run time, and a type-only
-  import may point anywhere (/work/shared/STYLE.md section 1: a pure guard would take the
-  `MemorySource` protocol from psutil_view that way);
+  import may point anywhere (a pure module may name a higher layer's type in its annotations
+  that way, as a pure guard would take the `MemorySource` protocol from psutil_view);
 - the parent packages Python runs before a submodule (`cgwatch.cli.show` runs
   `cgwatch/cli/__init__.py` first): every module would then import `cgwatch`;
 - importlib.import_module of third-party modules (DeepSpeed's accelerator).
@@ -23,6 +25,7 @@ import ast
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -138,6 +141,34 @@ PUBLIC = {
 }
 
 
+# What a "pure rules" module may import from outside cgwatch: modules that only compute (types,
+# containers, text patterns, numbers), never touch a file, a descriptor, a process, a thread,
+# the clock or the interpreter's state. `IMPURE` names what this rules out, so that a
+# careless addition to PURE_STDLIB shows.
+PURE_STDLIB = frozenset({
+    "__future__", "typing", "collections", "collections.abc", "dataclasses", "re",
+    "fractions", "decimal", "numbers", "math", "enum", "functools", "itertools", "operator",
+    "string", "bisect", "heapq", "abc",
+})
+IMPURE = frozenset({
+    "os", "os.path", "io", "sys", "socket", "subprocess", "threading", "time", "signal",
+    "select", "selectors", "ctypes", "fcntl", "mmap", "errno", "pathlib", "shutil", "tempfile",
+    "logging", "multiprocessing", "asyncio", "random", "importlib", "psutil",
+})
+
+# The framework adapters (each makes one framework cgroup-aware or guarded), and the
+# integrations' shared parts that adapters may import: an adapter never imports another
+# (docs/design.md section 13). A new module of cgwatch/integrations goes in one of the two.
+ADAPTERS = frozenset({
+    "cgwatch.integrations.deepspeed", "cgwatch.integrations.deepspeed_guard",
+    "cgwatch.integrations.transformers", "cgwatch.integrations.lightning",
+})
+INTEGRATIONS_SHARED = frozenset({
+    "cgwatch.integrations", "cgwatch.integrations.__main__", "cgwatch.integrations._autoload",
+    "cgwatch.integrations._guarded", "cgwatch.integrations.switches",
+})
+
+
 class Edge(NamedTuple):
     source: str
     target: str
@@ -220,6 +251,22 @@ def import_graph(package_dir: str = PACKAGE) -> list[Edge]:
     return edges
 
 
+def outside_imports(path: str) -> list[tuple[str, int]]:
+    """The modules a file imports from outside its package at run time (absolute imports not
+    of cgwatch, outside TYPE_CHECKING blocks), with the line of each."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    found = []
+    for node, _ in _walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        else:
+            assert isinstance(node, ast.ImportFrom)
+            names = [] if node.level else [node.module or ""]
+        found += [(name, node.lineno) for name in names if name.split(".")[0] != "cgwatch"]
+    return found
+
+
 def import_cycles(edges: list[Edge]) -> list[frozenset[str]]:
     """The strongly connected components of more than one module."""
     succ: dict[str, set[str]] = {}
@@ -294,6 +341,48 @@ def test_import_cycles_are_the_known_ones() -> None:
     assert not new, f"new import cycles: {new}"
     gone = [sorted(c) for c in set(KNOWN_CYCLES) - cycles]
     assert not gone, f"these cycles are gone: drop them from KNOWN_CYCLES: {gone}"
+
+
+def test_pure_modules_import_only_the_pure_standard_library() -> None:
+    assert not PURE_STDLIB & IMPURE
+    pure = sorted(m for m, layer in LAYER.items() if layer == "pure rules")
+    files = module_files()
+    bad = [f"{module} (line {line}) imports {name}" for module in pure
+           for name, line in outside_imports(files[module]) if name not in PURE_STDLIB]
+    assert not bad, "a pure module reads nothing and keeps no state: move the I/O to an " \
+        "I/O edge and hand the pure code its result (or extend PURE_STDLIB with a module that " \
+        "only computes):\n" + "\n".join(bad)
+
+
+def test_the_pure_import_rule_sees_an_impure_import(tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text("from __future__ import annotations\nimport re\nfrom typing import Any\n"
+                    "from . import values\nif TYPE_CHECKING:\n    import os\n"
+                    "def f():\n    import time\n    from os.path import join\n")
+    assert [(n, line) for n, line in outside_imports(str(path)) if n not in PURE_STDLIB] == [
+        ("time", 8), ("os.path", 9)]
+
+
+def test_no_adapter_imports_another() -> None:
+    integrations = {m for m in module_files() if m.startswith("cgwatch.integrations")}
+    assert integrations == ADAPTERS | INTEGRATIONS_SHARED and not ADAPTERS & INTEGRATIONS_SHARED, \
+        "put each module of cgwatch/integrations in ADAPTERS or INTEGRATIONS_SHARED"
+    bad = [e for e in EDGES if e.source in ADAPTERS and e.target in ADAPTERS]
+    assert not bad, "\n".join(
+        f"{e.source} (line {e.line}) imports the adapter {e.target}: adapters share code "
+        "through cgwatch/integrations/_guarded.py or the public API (design.md §13)"
+        for e in bad)
+
+
+def test_the_bench_imports_nothing_from_the_tests() -> None:
+    # The tests may use the bench's parts (bench/cgroups.py's tree, bench.nodescale's fleet);
+    # the bench runs from a checkout or an sdist on its own, so never the other way.
+    bench = os.path.join(PROJECT, "bench")
+    bad = [f"bench/{name} (line {line}) imports {module}"
+           for name in sorted(os.listdir(bench)) if name.endswith(".py")
+           for module, line in outside_imports(os.path.join(bench, name))
+           if module.split(".")[0] == "tests"]
+    assert not bad, "move what the bench needs into bench/ (or cgwatch/):\n" + "\n".join(bad)
 
 
 def _docstring(path: str) -> str:

@@ -153,7 +153,7 @@ SCONTROL_300M = (
     "TRES=cpu=1,mem=300M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
     "MinCPUsNode=1 MinMemoryNode=300M MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
     "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
-    "WorkDir=/work/wt-slurm2 Power= \n")
+    "WorkDir=/srv/project Power= \n")
 SCONTROL_PER_CPU = (
     "JobId=2 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901758 "
     "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
@@ -166,7 +166,7 @@ SCONTROL_PER_CPU = (
     "TRES=cpu=2,mem=200M,node=1,billing=2 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
     "MinCPUsNode=2 MinMemoryCPU=100M MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
     "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
-    "WorkDir=/work/wt-slurm2 Power= \n")
+    "WorkDir=/srv/project Power= \n")
 SCONTROL_2G = (
     "JobId=3 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901757 "
     "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
@@ -179,7 +179,7 @@ SCONTROL_2G = (
     "TRES=cpu=1,mem=2G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
     "MinCPUsNode=1 MinMemoryNode=2G MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
     "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
-    "WorkDir=/work/wt-slurm2 Power= \n")
+    "WorkDir=/srv/project Power= \n")
 SCONTROL_NO_MEM = (
     "JobId=4 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901756 "
     "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
@@ -192,7 +192,7 @@ SCONTROL_NO_MEM = (
     "TRES=cpu=1,mem=19284M,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
     "MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
     "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
-    "WorkDir=/work/wt-slurm2 Power= \n")
+    "WorkDir=/srv/project Power= \n")
 SCONTROL_1536M = (
     "JobId=6 JobName=sh UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901754 "
     "Nice=0 Account=(null) QOS=(null) JobState=RUNNING Reason=None Dependency=(null) Requeue=1 "
@@ -205,7 +205,7 @@ SCONTROL_1536M = (
     "TRES=cpu=1,mem=1.50G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* "
     "MinCPUsNode=1 MinMemoryNode=1.50G MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 "
     "OverSubscribe=OK Contiguous=0 Licenses=(null) Network=(null) Command=sh "
-    "WorkDir=/work/wt-slurm2 Power= \n")
+    "WorkDir=/srv/project Power= \n")
 
 
 class Ctl(NamedTuple):

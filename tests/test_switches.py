@@ -141,3 +141,20 @@ def test_a_row_whose_switch_is_off_arms_nothing(tmp_path: Path) -> None:
     assert r["armed"] == ["not armed", 0] and r["value"] == 41 and r["status"] == "not armed"
     # The adapter ran only when code armed it by name (enable_autoload()'s way), switch or not.
     assert printed == ["framework runs", "adapter sees 41"] and r["again"] == "installed"
+
+
+@pytest.mark.parametrize(("name", "var", "trigger", "adapter"), [
+    pytest.param("deepspeed", "CGWATCH_DEEPSPEED", "deepspeed.accelerator.real_accelerator",
+                 "cgwatch.integrations.deepspeed:on_import", id="the-same-row-again"),
+    pytest.param("psutil", "CGWATCH_PSUTIL_TOO", "psutil", "toyadapter:on_import",
+                 id="another-adapter-under-a-taken-name"),
+])
+def test_a_name_is_registered_once(name: str, var: str, trigger: str, adapter: str) -> None:
+    # A second row under a name would silently replace the first's switch and adapter: the
+    # table refuses it and stays as it was (the .pth line names the table's variables).
+    from cgwatch import testdoor
+
+    line, status = switches.pth_line(), dict(testdoor.hook_status)
+    with pytest.raises(ValueError, match=f"hook '{name}' is already registered"):
+        testdoor.register_hook(name, var, trigger, adapter)
+    assert switches.pth_line() == line and testdoor.hook_status == status

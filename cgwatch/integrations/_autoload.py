@@ -71,7 +71,12 @@ status: dict[str, str] = {}
 
 
 def register(name: str, var: str, trigger: str, adapter: str) -> None:
-    """Add a row to the table (an adapter's one line below)."""
+    """Add a row to the table (an adapter's one line below). A name is taken once: a second
+    row under it would silently replace the first's switch, trigger and adapter, so it raises
+    ValueError and leaves the table as it was."""
+    if name in HOOKS:
+        raise ValueError(f"hook {name!r} is already registered "
+                         f"({HOOKS[name].var}, {HOOKS[name].adapter})")
     HOOKS[name] = Hook(name, var, trigger, adapter)
     status.setdefault(name, NOT_ARMED)
 
@@ -114,7 +119,7 @@ def forward_psutil(psutil: ModuleType) -> str:
             try:
                 from cgwatch import psutil_view
 
-                view.append(psutil_view._adopt_switch(virtual_memory, real))
+                view.append(psutil_view.adopt_switch(virtual_memory, real))
                 status["psutil"] = INSTALLED
             except Exception as exc:  # a broken cgwatch install: psutil's own answer
                 _warn(f"{HOOKS['psutil'].var}=1", exc)

@@ -1,17 +1,17 @@
-"""Internal. What the memory guard's framework callbacks share (`transformers.py`,
-`lightning.py`): their guard (given, or made from keyword arguments at first use), the
-verdict they acted on, the exit after the framework has returned, and the class built on top
-of the framework's base only when first asked for (importing an adapter imports no
-framework)."""
+"""Internal. What the adapters share. The memory guard's framework callbacks
+(`transformers.py`, `lightning.py`): their guard (given, or made from keyword arguments at
+first use), the verdict they acted on, the exit after the framework has returned. Every
+adapter (those two and `deepspeed.py`'s accelerator): the class built on top of the
+framework's base only when first asked for (`LazyClass`: importing an adapter imports no
+framework, and this module imports no guard until one is made)."""
 
 from __future__ import annotations
 
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from cgwatch.guard import Guard
-
 if TYPE_CHECKING:
+    from cgwatch.guard import Guard
     from cgwatch.policy import Verdict
 
 
@@ -29,6 +29,8 @@ class GuardUser:
 
     def _the_guard(self) -> Guard:
         if self.guard is None:
+            from cgwatch.guard import Guard  # here: LazyClass's users need no guard
+
             self.guard = Guard(**self._guard_kwargs)
         return self.guard
 
@@ -44,15 +46,24 @@ class LazyClass:
 
     def __init__(self, build: Callable[[], type]) -> None:
         self._build = build
-        self._lock = threading.Lock()
+        # Reentrant: the framework's import inside build() can run an import hook that asks
+        # for the class again on this thread (DeepSpeed's accelerator: the autoload hook
+        # fires while `import deepspeed` runs), which must not deadlock.
+        self._lock = threading.RLock()
         self._class: Optional[type] = None
 
     def get(self) -> type:
         """The class (built by the first call)."""
         with self._lock:
             if self._class is None:
-                self._class = self._build()
+                built = self._build()
+                if self._class is None:  # else a get() inside the build built it: keep that
+                    self._class = built
             return self._class
+
+    def built(self) -> Optional[type]:
+        """The class if a `get()` has built it, else None (never builds)."""
+        return self._class
 
     def module_getattr(self, name: str, module: str) -> Callable[[str], Any]:
         """A module `__getattr__` that answers `name` with the class, built then."""

@@ -26,6 +26,13 @@ Three ways in, in the order DeepSpeed binds things (see docs/integrations.md):
    / `torch_max_memory_reserved` (bound at import) keep pointing at the replaced accelerator;
    they report RSS, which both accelerators compute the same way.
 
+What it exports (`__all__`) is what users call: `CgwatchCPUAccelerator` (built on first
+access, on top of DeepSpeed's class: `integrations/_guarded.LazyClass`, as the guard's
+callbacks are), `accelerator_class()`, `install()` / `uninstall()`, `enable_autoload()` /
+`disable_autoload()` / `autoload_status()`, and `ENV_VAR`. Two more functions are called by
+name, not by users: `on_import` (the hook table's row) and `check_main` (`python -m
+cgwatch.integrations check`). The .pth file is `cgwatch.integrations.switches`'s.
+
 Importing this module imports neither torch nor DeepSpeed.
 """
 
@@ -37,66 +44,45 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Optional
 
-from cgwatch.envswitch import switch_on
-from cgwatch.integrations import _autoload, switches
+from cgwatch.integrations import _autoload
+from cgwatch.integrations._guarded import LazyClass
 
 if TYPE_CHECKING:
     from cgwatch.psutil_view import MemorySource
 
+    CgwatchCPUAccelerator: type  # built on first access (module __getattr__)
+
 __all__ = [
+    "CgwatchCPUAccelerator",
     "ENV_VAR",
-    "ENV_PREFIX",
-    "PTH_NAME",
     "accelerator_class",
     "install",
     "uninstall",
     "enable_autoload",
     "disable_autoload",
     "autoload_status",
-    "env_enabled",
-    "install_pth",
-    "uninstall_pth",
-    "pth_path",
-    "main",
 ]
 
 log = logging.getLogger(__name__)
 
 HOOK = "deepspeed"  # this adapter's row in the hook table (_autoload.HOOKS)
-ENV_VAR = _autoload.HOOKS[HOOK].var
-ENV_PREFIX = "CGWATCH"
-PTH_NAME = switches.PTH_NAME  # one .pth for every switch (switches.py)
+ENV_VAR = _autoload.HOOKS[HOOK].var  # CGWATCH_DEEPSPEED
+# export_envs() gains it: DeepSpeed's multi-node launcher forwards variables by prefix
+_ENV_PREFIX = "CGWATCH"
 
 _REAL_ACCELERATOR = _autoload.HOOKS[HOOK].trigger
 _CPU_ACCELERATOR = "deepspeed.accelerator.cpu_accelerator"
 
-_lock = threading.RLock()
-_class: Optional[type] = None
+_lock = threading.RLock()  # install / uninstall / arming, which may run inside an import
 _previous: Any = None  # the accelerator that install() replaced, for uninstall()
 
 
-def env_enabled(environ: Optional[dict[str, str]] = None) -> bool:
-    """True when `CGWATCH_DEEPSPEED` asks for the accelerator (anything but unset, empty,
-    0, false, no, off: `cgwatch.envswitch`)."""
-    return switch_on(ENV_VAR, os.environ if environ is None else environ)
+def _build() -> type:
+    base: Any = importlib.import_module(_CPU_ACCELERATOR).CPU_Accelerator
 
-
-def accelerator_class() -> type:
-    """`CgwatchCPUAccelerator`, built on first use on top of DeepSpeed's `CPU_Accelerator`
-    (imports DeepSpeed, hence torch)."""
-    global _class
-    with _lock:
-        if _class is None:
-            base = importlib.import_module(_CPU_ACCELERATOR).CPU_Accelerator
-            _class = _build_class(base)
-        return _class
-
-
-def _build_class(base: Any) -> type:
     class CgwatchCPUAccelerator(base):  # type: ignore[misc]
         """DeepSpeed's CPU accelerator; `total_memory()` / `available_memory()` answer for
         the process's memory cgroup (cgwatch) instead of the host (psutil)."""
@@ -123,8 +109,8 @@ def _build_class(base: Any) -> type:
 
         def export_envs(self) -> list[str]:
             envs = list(super().export_envs())
-            if ENV_PREFIX not in envs:
-                envs.append(ENV_PREFIX)
+            if _ENV_PREFIX not in envs:
+                envs.append(_ENV_PREFIX)
             return envs
 
     CgwatchCPUAccelerator.__module__ = __name__
@@ -132,11 +118,12 @@ def _build_class(base: Any) -> type:
     return CgwatchCPUAccelerator
 
 
-def __getattr__(name: str) -> Any:
-    # `from cgwatch.integrations.deepspeed import CgwatchCPUAccelerator` (imports DeepSpeed).
-    if name == "CgwatchCPUAccelerator":
-        return accelerator_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+_accelerator = LazyClass(_build)
+# `CgwatchCPUAccelerator`, built at the first call on top of DeepSpeed's `CPU_Accelerator`
+# (imports DeepSpeed, hence torch)
+accelerator_class = _accelerator.get
+# `from cgwatch.integrations.deepspeed import CgwatchCPUAccelerator` (imports DeepSpeed)
+__getattr__ = _accelerator.module_getattr("CgwatchCPUAccelerator", __name__)
 
 
 def _install_into(ra: ModuleType, monitor: Optional[MemorySource], force: bool) -> Any:
@@ -176,9 +163,10 @@ def uninstall() -> bool:
     global _previous
     with _lock:
         ra = sys.modules.get(_REAL_ACCELERATOR)
-        if ra is None or _class is None or _previous is None:
+        cls = _accelerator.built()
+        if ra is None or cls is None or _previous is None:
             return False
-        if not isinstance(ra.ds_accelerator, _class):
+        if not isinstance(ra.ds_accelerator, cls):
             return False
         ra.set_accelerator(_previous)
         _previous = None
@@ -216,13 +204,6 @@ def enable_autoload() -> str:
         return _autoload.arm_hook(HOOK)
 
 
-def _pth_hook() -> None:
-    """What cgwatch 0.1.0's `cgwatch-deepspeed.pth` line runs at interpreter start when the
-    variable is set (kept so such a file still works until install-pth replaces it)."""
-    if env_enabled():
-        enable_autoload()
-
-
 def disable_autoload() -> None:
     """Disarm the hook if DeepSpeed has not been imported yet (does not uninstall)."""
     with _lock:
@@ -233,21 +214,6 @@ def autoload_status() -> str:
     """`not armed`, `armed`, `installed`, or `skipped: <why>` (armed by `enable_autoload()` or
     by the .pth switch: one hook, one status)."""
     return _autoload.status[HOOK]
-
-
-def pth_path(directory: Optional[str] = None) -> str:
-    """Where `install_pth()` writes (see `cgwatch.integrations.switches.pth_path`)."""
-    return switches.pth_path(directory)
-
-
-def install_pth(directory: Optional[str] = None) -> str:
-    """Write the switches' .pth file (`cgwatch.integrations.switches.install_pth`)."""
-    return switches.install_pth(directory)
-
-
-def uninstall_pth(directory: Optional[str] = None) -> bool:
-    """Remove it (`cgwatch.integrations.switches.uninstall_pth`)."""
-    return switches.uninstall_pth(directory)
 
 
 def _check() -> dict[str, Any]:
@@ -267,14 +233,9 @@ def _check() -> dict[str, Any]:
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """`python -m cgwatch.integrations` (now `cgwatch.integrations.switches.main`)."""
-    return switches.main(argv)
-
-
 def check_main() -> int:
-    """`python -m cgwatch.integrations check`: one JSON report, or one line if DeepSpeed
-    cannot be imported here."""
+    """`python -m cgwatch.integrations check` (switches.py calls it by the hook's row): one
+    JSON report, or one line if DeepSpeed cannot be imported here."""
     try:
         report = _check()
     except ImportError as exc:

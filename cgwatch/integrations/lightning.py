@@ -17,7 +17,8 @@ Under DDP every rank gets the same answer at the same step (the guard's all-redu
 cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collective.
 
 Lightning's own SIGUSR1 auto-requeue (Slurm) is left alone: this callback installs no signal
-handler (a handler of ours would turn Lightning's off: /work/shared/training/NOTES.md §5).
+handler (Lightning installs its own only where SIGUSR1 has none, so one of ours would turn
+the requeue off: docs/guard.md, "What the adapters rely on").
 
 Importing this module imports neither torch nor Lightning: `GuardCallback` is built on first
 access, on top of `lightning.pytorch.Callback` (tested with lightning 2.6.6; the standalone

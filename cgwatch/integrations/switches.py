@@ -37,8 +37,8 @@ __all__ = ["PTH_NAME", "OLD_PTH_NAMES", "PSUTIL_VAR", "DEEPSPEED_VAR", "pth_line
 PSUTIL_VAR = _autoload.HOOKS["psutil"].var
 DEEPSPEED_VAR = _autoload.HOOKS["deepspeed"].var
 PTH_NAME = "cgwatch-autoload.pth"
-# Written by cgwatch 0.1.0 (DeepSpeed only; it imported cgwatch at start). install-pth
-# replaces it, so the two never both arm the DeepSpeed hook.
+# Written by cgwatch 0.1.0 (DeepSpeed only; it imported cgwatch at start and called a
+# function deepspeed.py no longer has). install-pth replaces it, uninstall-pth removes it.
 OLD_PTH_NAMES = ("cgwatch-deepspeed.pth",)
 
 # Run by the .pth line when a switch is on: loads the two stdlib-only files by path, in this

@@ -38,9 +38,9 @@ def env(tmp_path: Path) -> dict[str, str]:
 def pth_installed() -> Iterator[str]:
     """cgwatch-autoload.pth in this interpreter's site-packages, written by the documented
     command; removed afterwards unless it was there before (it is inert without the switches)."""
-    from cgwatch.integrations import deepspeed as cgds
+    from cgwatch.integrations import switches
 
-    path = cgds.pth_path()
+    path = switches.pth_path()
     existed = os.path.exists(path)
     out = subprocess.run([sys.executable, "-m", "cgwatch.integrations", "install-pth"],
                          capture_output=True, text=True, check=True).stdout
@@ -49,4 +49,4 @@ def pth_installed() -> Iterator[str]:
         yield path
     finally:
         if not existed:
-            cgds.uninstall_pth()
+            switches.uninstall_pth()

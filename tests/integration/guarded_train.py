@@ -250,7 +250,8 @@ def lightning(job: Job) -> None:
     if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(dirpath=job.checkpoint, **GUARD)
         callbacks.append(guard)
-    # Two ranks as Lightning's users run them on the CPU: it starts rank 1 itself (NOTES.md §3).
+    # Two ranks as Lightning's users run them on the CPU: it starts rank 1 itself
+    # (docs/guard.md, "What the adapters rely on").
     trainer = L.Trainer(accelerator="cpu", devices=job.world,
                         strategy="ddp" if job.world > 1 else "auto", max_steps=job.steps,
                         logger=False,
@@ -335,7 +336,8 @@ def main(argv: list[str]) -> int:
     with open(os.path.join(job.out, f"{mode}-rank{job.rank}.status"), "w") as f:
         f.write(str(status))
     # Tear the group down and leave without the interpreter's exit: torch + gloo ranks can
-    # abort there (`terminate called without an active exception`, NOTES.md section 6).
+    # abort there (`terminate called without an active exception`; docs/guard.md, "What the
+    # adapters rely on").
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         if mode == "onecgroup" and status == 75:

@@ -33,7 +33,7 @@ LAUNCH_LIMIT = 2048 * MiB  # launcher, node launcher and rank share one cgroup
 
 
 # Child prologue: read accelerator answers and cgwatch's at the same moment (retry until no
-# allocation moved the usage between the two cgwatch reads around the accelerator's).
+# allocation moved the usage during the three reads: cgwatch's, the accelerator's, cgwatch's).
 PROBE = textwrap.dedent("""
     import json, os, sys
     import cgwatch
@@ -43,7 +43,7 @@ PROBE = textwrap.dedent("""
             a1 = cgwatch.available_memory()
             got = accel.available_memory()
             a2 = cgwatch.available_memory()
-            if a1 == a2:
+            if a1 == got == a2:  # the accelerator's own read may be the one that moved
                 break
         return {"class": type(accel).__name__, "name": accel._name,
                 "backend": accel.communication_backend_name(),
@@ -154,6 +154,31 @@ def test_import_order_enable_autoload_before_and_after_import_deepspeed(
     assert not late["bound_to_ours"]
     assert late["bound_class"] == "CPU_Accelerator"
     assert_cgroup_answers(late["probe"], LIMIT)
+
+
+def test_the_class_asked_for_before_import_deepspeed_is_the_one_installed(
+        tree: Tree, env: dict[str, str]) -> None:
+    """The hook armed, then `accelerator_class()` before `import deepspeed`: building the class
+    imports DeepSpeed, whose import runs the hook, which asks for the class again on the same
+    thread (LazyClass's lock is reentrant for that). One class comes out: before, the build
+    made two, the installed accelerator was not an instance of the one returned, and
+    uninstall() refused (seen with DeepSpeed 0.19.8)."""
+    cg = tree.make("classfirst", limit=LIMIT)
+    code = PROBE + textwrap.dedent("""
+        from cgwatch.integrations import deepspeed as cgds
+        cgds.enable_autoload()
+        cls = cgds.accelerator_class()
+        from cgwatch.integrations.deepspeed import CgwatchCPUAccelerator
+        from deepspeed.accelerator import get_accelerator
+        accel = get_accelerator()
+        report(probe=probe(accel), status=cgds.autoload_status(),
+               same_class=type(accel) is cls is CgwatchCPUAccelerator,
+               uninstalled=cgds.uninstall(), after=type(get_accelerator()).__name__)
+    """)
+    r = run_in(tree, cg, code, env)
+    assert r["status"] == "installed" and r["same_class"]
+    assert_cgroup_answers(r["probe"], LIMIT)
+    assert r["uninstalled"] and r["after"] == "CPU_Accelerator"
 
 
 def test_multinode_launcher_forwards_switch_to_remote_rank(

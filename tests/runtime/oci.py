@@ -2,7 +2,7 @@
 
 A bundle's root file system needs no image and no network: an empty directory with read-only
 bind mounts of the host's /usr and /etc, the /lib* and /bin links (or directories) as the host
-has them, the interpreter's real installation (a pyenv build under /root/.pyenv: the venv's
+has them, the interpreter's real installation (a pyenv build in a home directory, say: the venv's
 `python3` is a link to it), the venv and the checkout, each at its host path. The container's
 cgroup is placed below the test's own memory cgroup (`linux.cgroupsPath`), so nothing is made
 outside the subtree the tests own, and everything is removed again (`Container.close`, called

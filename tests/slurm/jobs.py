@@ -18,7 +18,7 @@ STATE = os.environ.get("SLURM_TIER_STATE", "")
 # torch + DeepSpeed: .venv-integration's interpreter (tests/slurm/run, scripts/test)
 INTEGRATION_PYTHON = os.environ.get("SLURM_TIER_INTEGRATION_PYTHON", "")
 GUEST = os.environ.get("SLURM_TIER_GUEST") == "1"  # the VM part (cgroup v2)
-# A loaded 2-core machine: a job waits up to ~3 s for the previous one's resources (NOTES.md)
+# A loaded 2-core machine: a job waits up to ~3 s for the previous one's resources (docs/testing.md)
 TIMEOUT = 120
 
 if not os.environ.get("SLURM_CONF") or not PYTHON:
