@@ -3,7 +3,8 @@ read from a checkpoint's name, and what follows an attempt given the history of 
 
 from __future__ import annotations
 
-from typing import Optional
+import os
+from typing import Any, Optional
 
 import pytest
 
@@ -65,3 +66,73 @@ def test_next_attempt(history: list[Attempt], restarts: int, delay: float,
     after = next_attempt(history, restarts, delay, "job")
     assert after.delay == expected_delay
     assert words in after.line if words else after.line == ""
+
+
+# ---- the loop in cli/run.py, its attempts faked ---------------------------------------------
+
+class _Guarding:
+    def __init__(self, checkpoint: Optional[str]) -> None:
+        self.checkpoint = checkpoint
+
+    def outcome(self, returncode: int, ended_at: float) -> Any:
+        return {"checkpoint": self.checkpoint}
+
+
+class _Ran:
+    def __init__(self, status: int, checkpoint: Optional[str]) -> None:
+        self.status = status
+        self.returncode = 0
+        self.ended_at = 0.0
+        self.guarding = _Guarding(checkpoint)
+
+
+@pytest.mark.parametrize("attempts, restarts, status, restarts_seen, sleeps, last_words", [
+    # (run's status, the checkpoint the stop saved) per attempt
+    ([(75, "/c/step-000054.json"), (75, "/c/step-000107.json"), (0, None)], 3, 0, [0, 1, 2],
+     [0.5, 1.0], "ended with exit 0 after 2 restarts"),
+    ([(75, "/c/step-000020.json"), (75, "/c/step-000020.json")], 3, 75, [0, 1], [0.5],
+     "the same stop twice"),
+    ([(143, None)], 3, 143, [0], [], None),
+    ([(75, None), (75, None)], 1, 75, [0, 1], [0.5], "progress could not be told"),
+])
+def test_run_restarting(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                        attempts: list[tuple[int, Optional[str]]], restarts: int, status: int,
+                        restarts_seen: list[int], sleeps: list[float],
+                        last_words: Optional[str]) -> None:
+    import argparse
+
+    from cgwatch.cli import run
+
+    seen: list[int] = []
+    slept: list[float] = []
+    queue = list(attempts)
+
+    def fake_run(args: Any, command: list[str], restart: int = 0) -> Any:
+        seen.append(restart)
+        return _Ran(*queue.pop(0))
+
+    monkeypatch.setattr(run, "_run", fake_run)
+    monkeypatch.setattr(run, "_report", lambda args, command, ran: ran.status)
+    monkeypatch.setattr(run.time, "sleep", slept.append)
+    args = argparse.Namespace(restart_delay=0.5, json=False)
+    assert run._run_restarting(args, ["python", "job.py"], restarts) == status
+    assert (seen, slept) == (restarts_seen, sleeps)
+    err = capsys.readouterr().err.strip().splitlines()
+    if last_words is None:
+        assert err == []
+    else:
+        assert last_words in err[-1] and err[-1].startswith("cgwatch run: ")
+
+
+@pytest.mark.parametrize("restart, added", [(0, None), (1, "1"), (3, "3")])
+def test_restart_environment(monkeypatch: pytest.MonkeyPatch, restart: int,
+                             added: Optional[str]) -> None:
+    from cgwatch.cli.run import _environment
+
+    monkeypatch.delenv("CGWATCH_RESTART", raising=False)
+    env = _environment(None, restart)
+    if added is None:
+        assert env is None  # the first run's environment is run's own, unchanged
+    else:
+        assert env is not None and env["CGWATCH_RESTART"] == added
+        assert {k: v for k, v in env.items() if k != "CGWATCH_RESTART"} == dict(os.environ)
