@@ -256,6 +256,12 @@ def _run_args(command: list[str], guard: bool = False, **options: Any) -> Any:
                  (["true"], "--checkpoint-seconds needs --guard"), id="checkpoint-seconds"),
     pytest.param(_run_args(["true"], guard=True, signal=signal.SIGUSR1), (["true"], ""),
                  id="with-guard"),
+    pytest.param(_run_args(["true"], restarts=3), (["true"], "--restarts needs --guard"),
+                 id="restarts-without-guard"),
+    pytest.param(_run_args(["true"], guard=True, restart_delay=2.0),
+                 (["true"], "--restart-delay needs --restarts"), id="delay-without-restarts"),
+    pytest.param(_run_args(["true"], guard=True, restarts=0, restart_delay=2.0), (["true"], ""),
+                 id="restarts-0-with-a-delay"),
 ])
 def test_run_check_arguments(args: Any, expected: tuple[list[str], str]) -> None:
     from cgwatch.cli.run import check_arguments

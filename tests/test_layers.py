@@ -112,6 +112,7 @@ LAYER = {
     "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
+    "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.serve": "commands",
     "cgwatch.cli.show": "commands",

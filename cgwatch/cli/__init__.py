@@ -70,6 +70,13 @@ def _checkpoint_seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """A whole number, 0 or more."""
+    if not (text.strip().isascii() and text.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
+    return int(text)
+
+
 def _percent(text: str) -> float:
     """A fill level in percent, more than 0 and at most 100 (`90` or `90%`)."""
     stripped = text.strip()
@@ -107,6 +114,13 @@ GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches
               "`run` says where the save went (--checkpoint-dir) and exits 75; a CMD that "
               "dies of the signal had no handler and saved nothing, and `run` says so and "
               "exits 128+N. If the kill comes anyway it is explained as without --guard.")
+RESTARTS_HELP = ("--restarts N: a run that would exit 75 (CMD saved after the guard's signal) "
+                 "starts CMD again, same arguments and environment plus CGWATCH_RESTART=k, "
+                 "after --restart-delay seconds doubled at each restart (at most 60), up to N "
+                 "times; CMD resumes from its checkpoint. A stop at the same step as the "
+                 "last one (the number in the saved checkpoint's name, --checkpoint-dir) is "
+                 "not a leak a restart outruns: run says so and exits 75 without using the "
+                 "rest. Any other status ends the run with it.")
 COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
                  "once; further rises of it within 1 s make one line at the end of that second, "
                  "with the number of rises (`[37 rises in 1s]`).")
@@ -181,7 +195,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
             "before the watcher that explains the kill. It keeps counts and the "
             "first and last event per counter and level, not every event."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_paragraphs(GUARD_HELP, COALESCE_HELP, SIZES_HELP, EXIT_HELP))
+        epilog=_paragraphs(GUARD_HELP, RESTARTS_HELP, COALESCE_HELP, SIZES_HELP, EXIT_HELP))
     run.add_argument("-v", "--verbose", action="store_true",
                      help="print memory events to stderr as they happen (bursts coalesced)")
     run.add_argument("--json", action="store_true",
@@ -206,6 +220,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
                           "after a save, the newest entry of DIR is named")
+    run.add_argument("--restarts", type=_count, default=None, metavar="N",
+                     help="--guard: start CMD again after a save, up to N times (below)")
+    run.add_argument("--restart-delay", type=_checkpoint_seconds, default=None,
+                     metavar="SECONDS", help="--restarts: the first wait, doubled at each "
+                                             "restart (default 1)")
     # REMAINDER: everything from CMD on is CMD's, its options included.
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS]",
                      help="the command to run")

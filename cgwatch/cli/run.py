@@ -41,6 +41,10 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   a kill that comes anyway is explained as always (runguard.py). CMD torchrun: the signal
   goes to its workers, and torchrun's 0 (every worker exited 0) makes 75 (runguard.py
   `is_torchrun` says why).
+- `--restarts N` (with --guard): an attempt that would exit 75 is run again, up to N times,
+  with a doubling back-off and CGWATCH_RESTART=k; a stop at the same step twice ends the
+  restarts (restarts.py has the rules). Each attempt gets its own guard and its own lines;
+  --report and --plot hold the last attempt.
 """
 
 from __future__ import annotations
@@ -63,11 +67,14 @@ from .child import SignalRelay, exit_status, prefer_not_to_be_killed
 from .coalesce import Coalescer, rises_suffix
 from .explain import signal_name
 from .format import format_item
+from .restarts import RESTART_ENV, Attempt, next_attempt, parse_step
 from .runguard import GuardThread, guarded_status
 from .runlog import RunLog
 
 if TYPE_CHECKING:
     from .plot import Recorder
+
+DEFAULT_RESTART_DELAY = 1.0  # seconds before the first restart (--restart-delay)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -81,10 +88,35 @@ def run_command(args: argparse.Namespace) -> int:
         # The library's own warnings (a fallback, say) would otherwise reach stderr through
         # logging's last-resort handler: `run` adds nothing to CMD's output unless asked.
         logger.addHandler(logging.NullHandler())
-    ran = _run(args, command)
-    if isinstance(ran, int):
-        return ran  # CMD could not start (126, 127)
-    return _report(args, command, ran)
+    restarts = getattr(args, "restarts", None)
+    if restarts is None:
+        ran = _run(args, command)
+        if isinstance(ran, int):
+            return ran  # CMD could not start (126, 127)
+        return _report(args, command, ran)
+    return _run_restarting(args, command, restarts)
+
+
+def _run_restarting(args: argparse.Namespace, command: list[str], restarts: int) -> int:
+    """`--restarts N`: run CMD, and again after each save while restarts.next_attempt says
+    so; the last attempt's status."""
+    delay = args.restart_delay if args.restart_delay is not None else DEFAULT_RESTART_DELAY
+    name = os.path.basename(command[0])
+    history: list[Attempt] = []
+    while True:
+        ran = _run(args, command, restart=len(history))
+        if isinstance(ran, int):
+            return ran  # CMD could not start (126, 127)
+        status = _report(args, command, ran)
+        outcome = ran.guarding.outcome(ran.returncode, ran.ended_at) if ran.guarding else None
+        history.append(Attempt(status, parse_step(outcome["checkpoint"]) if outcome else None))
+        after = next_attempt(history, restarts, delay, name)
+        if after.line:
+            print(json.dumps({"restarts": after.line}) if args.json else after.line,
+                  file=sys.stderr, flush=True)
+        if after.delay is None:
+            return status
+        time.sleep(after.delay)
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -101,8 +133,13 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
                                               ("--checkpoint-dir",
                                                getattr(args, "checkpoint_dir", None)))
                      if value is not None]
+    if getattr(args, "restarts", None) is not None:
+        guard_options.append("--restarts")
     if guard_options and not args.guard:
         return command, f"{guard_options[0]} needs --guard"
+    if getattr(args, "restart_delay", None) is not None and getattr(args, "restarts",
+                                                                    None) is None:
+        return command, "--restart-delay needs --restarts"
     return command, ""
 
 
@@ -122,8 +159,9 @@ class _Ran:
         self.recorder = recorder
 
 
-def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
-    """Run CMD with its watchers; what it left, or 127/126 when it could not start."""
+def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Union[_Ran, int]:
+    """Run CMD with its watchers (`restart` k > 0: CGWATCH_RESTART=k in its environment);
+    what it left, or 127/126 when it could not start."""
     name = os.path.basename(command[0])
     runlog = RunLog()
     with Monitor(args.root) as monitor, Events(monitor, log=False, queue_size=0) as events:
@@ -147,8 +185,7 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
             try:
-                proc = subprocess.Popen(
-                    command, env=guarding.environment() if guarding is not None else None)
+                proc = subprocess.Popen(command, env=_environment(guarding, restart))
             except FileNotFoundError:
                 print(f"cgwatch run: {command[0]}: command not found", file=sys.stderr)
                 return 127
@@ -170,6 +207,14 @@ def _run(args: argparse.Namespace, command: list[str]) -> Union[_Ran, int]:
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
     return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at)
+
+
+def _environment(guarding: Optional[GuardThread], restart: int) -> Optional[dict[str, str]]:
+    """CMD's environment: ours (None), with the guard's additions and CGWATCH_RESTART."""
+    env = guarding.environment() if guarding is not None else None
+    if restart:
+        env = {**(env if env is not None else os.environ), RESTART_ENV: str(restart)}
+    return env
 
 
 def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:

@@ -1,0 +1,119 @@
+"""`cgwatch run --guard --restarts N` against the real kernel (issue 25 items 2 and 5): a job
+(tests/restart_job.py: SGD on its own RNG, saves on SIGTERM at the end of the step, resumes
+from its newest `step-K.json`) in a cgroup limited to 128 MiB, made under this test's own
+memory cgroup, with `cgwatch run` inside it (the guard reads CMD's cgroup; run's ~30 MiB are
+charged there too).
+- A leak that restarts with the process (1.6 MiB a step, 5 steps a second: 8 MiB/s, as the
+  guard's other real tests) cannot hold 140 steps in one life (~54 fit): the guard stops it,
+  it saves, run starts it again from its checkpoint, until it finishes. Every step runs exactly once
+  (the save is at the stop: 0 steps redone), the losses equal an uninterrupted run's step
+  for step, and the kernel killed nothing (v1 memory.oom_control oom_kill 0).
+- A steady state that does not fit (from step 20 the job needs 200 MiB held): stopped at step
+  20, restarted, stopped at step 20 again: run says it is the same stop and exits 75 with
+  restarts left.
+Checked on 6.18, cgroup v1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cgroup_helpers import MiB, Tree, cgroup_tree, oom_kills, real_kernel_marks
+
+pytestmark = real_kernel_marks()
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restart_job.py")
+STEPS = 140
+
+
+@pytest.fixture
+def tree() -> Iterator[Tree]:
+    with cgroup_tree() as t:
+        yield t
+
+
+def run_restarting(tree: Tree, cgroup: str, directory: str, log: str,
+                   job: tuple[str, ...]) -> tuple[int, str, str]:
+    argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--checkpoint-seconds",
+            "2", "--checkpoint-dir", directory, "--restarts", "3", "--restart-delay", "0.5",
+            "--", sys.executable, JOB, "--dir", directory, "--log", log, *job]
+    proc = tree.spawn(cgroup, f"import sys\nos.execv(sys.executable, {argv!r})\n")
+    out, err = proc.communicate(timeout=400)
+    print(err)  # the transcript (pytest -s shows it; a failure shows it always)
+    return proc.returncode, out, err
+
+
+def reference_losses(directory: str, steps: int) -> list[float]:
+    """An uninterrupted run's losses: no leak, no limit, no pause."""
+    os.mkdir(directory)
+    subprocess.run([sys.executable, JOB, "--dir", directory, "--steps", str(steps)],
+                   check=True, capture_output=True, timeout=120)
+    with open(os.path.join(directory, f"step-{steps:06d}.json")) as f:
+        losses: list[float] = json.load(f)["losses"]
+    return losses
+
+
+def logged(log: str) -> list[tuple[int, int, float]]:
+    with open(log) as f:
+        return [(int(a), int(s), float(loss)) for a, s, loss in
+                (line.split() for line in f)]
+
+
+def test_restarts_outrun_a_leak_that_restarts_with_the_job(tree: Tree,
+                                                           tmp_path: object) -> None:
+    job = tree.make("job", limit=128 * MiB)
+    directory = os.path.join(str(tmp_path), "ckpt")
+    os.mkdir(directory)
+    log = os.path.join(str(tmp_path), "steps.log")
+    status, out, err = run_restarting(
+        tree, job, directory, log,
+        ("--steps", str(STEPS), "--step-seconds", "0.2", "--leak-mib", "1.6"))
+    assert status == 0, err
+    assert oom_kills(job, tree.version) == 0
+    restarts = [(int(k), int(step)) for k, step in
+                re.findall(r"cgwatch run: restart (\d) of 3 from step (\d+) in ", err)]
+    assert 2 <= len(restarts) <= 3, err  # ~54 steps a life here: stops near 54 and 108
+    assert [k for k, _ in restarts] == list(range(1, len(restarts) + 1))
+    assert err.count("cgwatch guard: stopping to save: sending SIGTERM") == len(restarts), err
+    assert err.count(" saved and exited 0 ") == len(restarts), err
+    assert err.rstrip().endswith(
+        f"ended with exit 0 after {len(restarts)} restart{'s' if len(restarts) > 1 else ''}"), err
+    # Every step once, in order; restart k's first step is the step its stop saved.
+    steps = logged(log)
+    assert [s for _, s, _ in steps] == list(range(STEPS))
+    for k, saved in restarts:
+        assert min(s for a, s, _ in steps if a == k) == saved
+        assert f"resumed at step {saved}\nrestart {k}\n" in out
+    assert [loss for _, _, loss in steps] == reference_losses(
+        os.path.join(str(tmp_path), "reference"), STEPS)
+    with open(os.path.join(directory, f"step-{STEPS:06d}.json")) as f:
+        assert json.load(f)["losses"] == [loss for _, _, loss in steps]
+
+
+def test_restarts_end_at_the_same_stop(tree: Tree, tmp_path: object) -> None:
+    """From step 20 the job needs 200 MiB held: more than its 128 MiB limit, at every
+    restart. The second stop at step 20 ends the run with 75, 2 restarts unused."""
+    job = tree.make("job", limit=128 * MiB)
+    directory = os.path.join(str(tmp_path), "ckpt")
+    os.mkdir(directory)
+    log = os.path.join(str(tmp_path), "steps.log")
+    status, out, err = run_restarting(
+        tree, job, directory, log,
+        ("--steps", "60", "--step-seconds", "0.05", "--need-at", "20", "--need-mib", "200"))
+    assert status == 75, err
+    assert oom_kills(job, tree.version) == 0
+    assert err.count("cgwatch guard: stopping to save: sending SIGTERM") == 2, err
+    assert "cgwatch run: restart 1 of 3 from step 20 in 0.5 s (CGWATCH_RESTART=1)" in err
+    last = err.rstrip().splitlines()[-1]
+    assert re.fullmatch(r"cgwatch run: the same stop twice: the guard stopped \S+ at step 20 "
+                        r"again, with no progress since the last restart: this is not a leak "
+                        r"that a restart outruns; the job needs more memory than its limit at "
+                        r"that point; exit 75 after 1 restart", last), err
+    assert [s for _, s, _ in logged(log)] == list(range(20))
+    assert "resumed at step 20\nrestart 1\nsaved 20\n" in out
