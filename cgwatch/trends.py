@@ -64,8 +64,8 @@ class LevelTrends:
     """The Forecasters of the levels seen, by cgroup path. `bucket`, `span`, `window`:
     forecast.py's (a short `--sample` uses short buckets)."""
 
-    def __init__(self, *, bucket: float = 1.0, span: int = 5, window: int = 12,
-                 min_points: int = 4) -> None:
+    def __init__(self, *, bucket: float = 1.0, span: int = 12, window: int = 24,
+                 min_points: int = 6) -> None:
         self._shape = (bucket, span, window, min_points)
         self._new()  # refuses a bad shape here, not at the first sample
         self._forecasters: dict[str, Forecaster] = {}
