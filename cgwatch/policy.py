@@ -84,7 +84,7 @@ class Verdict(Frozen):
     limit: Optional[int]
     headroom: Optional[int]
     reserve: Optional[int]  # bytes, at this level
-    growth: float  # bytes per second of the working set's envelope (0.0: none seen)
+    growth: float  # bytes per second of the working set (0.0: none seen; forecast.py)
     seconds_left: Optional[float]  # until the limit at that growth (None: no growth)
     lead: float  # seconds a save needs (checkpoint time x margin)
     pressure: Optional[float]  # PSI stall share over the last sample

@@ -39,7 +39,8 @@ def forecastable(level: LevelInfo) -> bool:
 
 def fields(trend: Trend, limit: Optional[int], high: Optional[int]) -> dict[str, Any]:
     """The forecast as plain data: growth (bytes/s, 0.0 when none persists), the seconds until
-    the limit and until memory.high (None: no line, or no growth), the envelope points."""
+    the limit and until memory.high (None: no line, no growth, or beyond what the evidence
+    licenses), the closed buckets it rests on."""
     return {"growth": trend.growth, "seconds_to_limit": trend.seconds_left(limit),
             "seconds_to_high": trend.seconds_left(high), "points": trend.points}
 
