@@ -82,10 +82,11 @@ class Guard:
 
     `monitor`: whose levels to guard (default: the process-wide one). `reserve`: headroom
     to keep at every limited level, bytes or a size ("512M") or a share of that level's
-    limit ("5%"); `rise_margin`: on top of it, the job's largest rise between two checks
-    times this (0: none). `checkpoint_seconds`: what a save takes until the job reports its
-    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: the
-    working set) over `write_rate` (bytes or a size per second), module docstring;
+    limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice between
+    two checks times this (0: none; policy.LargestRise). `checkpoint_seconds`: what a save
+    takes until the job reports its own (`saving()`, `saved()`); None: `checkpoint_bytes`
+    (bytes or a size; None: the working set) over `write_rate` (bytes or a size per
+    second), module docstring;
     `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
     between samples on average (spread +-`jitter` of it); `near_interval`: between samples
     while `available_memory()` is within the reserve plus the growth expected meanwhile.
@@ -290,7 +291,7 @@ class Guard:
 
     @property
     def rise(self) -> int:
-        """The largest rise of the working set between two checks so far (bytes)."""
+        """The largest piece the job took twice between two checks so far (bytes)."""
         return self._rise.largest
 
     # ---- lifecycle ---------------------------------------------------------------------------

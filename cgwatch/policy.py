@@ -5,8 +5,8 @@ tests/test_policy.py. The public object that samples and delivers is guard.py.
 `decide()` stops when any of these holds, and names the first in this order:
 1. RESERVE: a limited level's headroom, limit - (usage - inactive_file), is below the
    reserve (bytes, or a share of that level's limit) plus the room the job's largest rise
-   needs (`rise`: the most it took between two checks, times a margin; `LargestRise`): the
-   next piece of that size could not fit a save, or would be the kill.
+   needs (`rise`: the largest piece it took twice between two checks, times a margin;
+   `LargestRise`): the next piece of that size could not fit a save, or would be the kill.
 2. OOM_KILL: the OOM killer killed a process on the path since the guard started (a
    DataLoader worker, say): the next victim may be the job itself.
 3. FORECAST: a level's working set is predicted (forecast.py) to reach its limit sooner than
@@ -204,22 +204,29 @@ def save_seconds(saves: Sequence[float], configured: Optional[float],
 
 
 class LargestRise:
-    """The largest rise the job made between two checks: how much `available_memory()` fell
-    from one check to the next (a fall of the headroom is a rise of the working set). A job
-    that allocates in large pieces (stairs, a big batch, optimizer state on the first step)
-    takes the next piece in one go, between two checks: the reserve must hold it and still
-    leave the save its room. Frees (a sawtooth's drop) do not count; nor does anything
-    before the first check (the imports, the model load)."""
+    """The largest piece the job has taken at least twice between two checks: how much
+    `available_memory()` fell from one check to the next (a fall of the headroom is a rise of
+    the working set), the second largest such fall. A job that allocates in large pieces
+    (stairs, a big batch, optimizer state) takes the next piece in one go, between two
+    checks: the reserve must hold it and still leave the save its room. A piece taken once
+    is not a pattern and is not kept: the interpreter and the imports under `cgwatch run
+    --guard` (checked from before the command starts: 50-60 MiB in one 0.1 s check was seen),
+    a model loaded, one dataset; nor are frees (a sawtooth's drop)."""
 
     def __init__(self) -> None:
-        self.largest = 0
+        self.largest = 0  # the second largest fall: a piece seen twice
+        self._top = 0  # the largest fall, seen once at least
         self._last: Optional[int] = None
 
     def update(self, available: int) -> int:
-        """One check's `available_memory()`; the largest rise so far (bytes)."""
+        """One check's `available_memory()`; the largest piece taken twice so far (bytes)."""
         last, self._last = self._last, available
         if last is not None and last - available > self.largest:
-            self.largest = last - available
+            rise = last - available
+            if rise > self._top:
+                self.largest, self._top = self._top, rise
+            else:
+                self.largest = rise
         return self.largest
 
 

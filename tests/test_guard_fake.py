@@ -130,24 +130,28 @@ def test_a_step_change_does_not_stop_it(host: FakeHost, monitor: Monitor) -> Non
 
 
 def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
-    """The reserve follows the job (policy.LargestRise): a 200 MiB piece (the issue's one
-    allocation, then flat) leaves 2.8 GiB, more than 5% (204.8 MiB) + 250 MiB: no stop; then
-    1.2 GiB -> 3 GiB (1848 MiB) between two checks leaves 1 GiB, less than 204.8 MiB +
-    1848 MiB x 1.25 = 2514.8 MiB: stop, naming the rise (2310 MiB, "2.3 GiB"). Both with a
-    1000 s checkpoint: the forecast sees no growth in a step."""
+    """The reserve follows the job (policy.LargestRise): one 1 GiB piece (a dataset loaded,
+    then flat) is no pattern: 2 GiB left, no stop; a second piece, of 600 MiB, makes 600 MiB
+    the piece taken twice (the second largest): 1.4 GiB left, more than 5% (204.8 MiB) +
+    600 x 1.25 = 750 MiB, no stop; a third, 600 MiB again, leaves 848 MiB, under 954.8 MiB:
+    stop, naming the rise (750 MiB). All with a 1000 s checkpoint: the forecast sees no
+    growth in steps."""
     host.set_usage("/job", 1 * GiB, 0)
     with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, events=False) as guard:
         assert not guard.check(0).stop
-        host.set_usage("/job", 1 * GiB + 200 * MiB, 0)
+        host.set_usage("/job", 2 * GiB, 0)
         calm = [guard.check(step) for step in range(1, 50)]
-        assert guard.rise == 200 * MiB
-        host.set_usage("/job", 3 * GiB, 0)
-        verdict = guard.check(50)
+        assert guard.rise == 0
+        host.set_usage("/job", 2 * GiB + 600 * MiB, 0)
+        calm += [guard.check(step) for step in range(50, 100)]
+        assert guard.rise == 600 * MiB
+        host.set_usage("/job", 3 * GiB + 176 * MiB, 0)
+        verdict = guard.check(100)
     assert not any(v.stop for v in calm)
-    assert verdict.trigger == "reserve" and verdict.headroom == 1 * GiB
-    assert verdict.rise == int(1848 * MiB * 1.25)
-    assert verdict.reserve == int(4 * GiB * 0.05) + int(1848 * MiB * 1.25)
-    assert "room for the job's largest rise, 2.3 GiB, included" in verdict.message()
+    assert verdict.trigger == "reserve" and verdict.headroom == 848 * MiB
+    assert verdict.rise == 750 * MiB
+    assert verdict.reserve == int(4 * GiB * 0.05) + 750 * MiB
+    assert "room for the job's largest rise, 750.0 MiB, included" in verdict.message()
 
 
 def test_the_save_time_before_any_save(host: FakeHost, monitor: Monitor) -> None:

@@ -117,12 +117,15 @@ def test_the_largest_rise_widens_the_reserve() -> None:
 
 
 RISES = [
-    # available_memory() at each check (MiB) -> the largest rise (MiB)
+    # available_memory() at each check (MiB) -> the largest piece taken twice (MiB)
     pytest.param([1000, 1000, 1000], 0, id="flat"),
-    pytest.param([1000, 800, 800, 800], 200, id="one-step"),
-    pytest.param([1000, 960, 920, 1000, 960, 920], 40, id="sawtooth-pieces-and-frees"),
+    pytest.param([1000, 800, 800, 800], 0, id="one-step-is-no-pattern"),
+    pytest.param([1000, 940, 900, 860, 1000, 960, 920], 40, id="sawtooth-pieces-and-frees"),
     pytest.param([1000, 780, 560, 340], 220, id="stairs"),
-    pytest.param([1000, 1200, 1100], 100, id="a-free-then-a-rise"),
+    pytest.param([1000, 1200, 1100, 1000], 100, id="a-free-then-two-rises"),
+    # the imports (60 MiB once), then 10 and 20 MiB pieces: 20 is the piece seen twice
+    pytest.param([1000, 940, 930, 910, 890, 880], 20, id="start-up-then-pieces"),
+    pytest.param([1000, 700, 600, 450], 150, id="three-sizes-the-second"),
 ]
 
 
