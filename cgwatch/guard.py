@@ -1,7 +1,7 @@
 """A memory guard: call `check(step)` every training step; it says when to save and stop,
 before the kernel's OOM killer ends the job or memory.high throttling stalls it.
 
-    with cgwatch.Guard(reserve="5%", checkpoint_seconds=60) as guard:
+    with cgwatch.Guard(reserve="5%") as guard:  # a save's time: module docstring
         for step, batch in enumerate(loader):
             train(batch)
             verdict = guard.check(step)
@@ -10,19 +10,27 @@ before the kernel's OOM killer ends the job or memory.high throttling stalls it.
                     save_checkpoint()
                 guard.exit(verdict)           # its line on stderr, exit 75 (policy.py: why)
 
-What it decides is policy.py (the triggers, their order, the exit status); how it predicts
-is forecast.py, one forecast per level kept by trends.py's `LevelTrends` (as for the
-`cgwatch` table, `watch` and the Prometheus gauges). This object samples and delivers,
-reading only through a monitor's public API (`available_memory()`, `levels()`, `status`),
-the `Events` of that monitor (OOM kills and v2 `high` rises on the path), and, on v2, each
-level's `memory.pressure` in the directory `levels()` names.
+What it decides is policy.py (the triggers, their order, the exit status, what a save
+takes, the largest rise); how it predicts is forecast.py, one forecast per level kept by
+trends.py's `LevelTrends` (as for the `cgwatch` table, `watch` and the Prometheus gauges);
+when it samples is sampling.py. This object samples and delivers, reading only through a
+monitor's public API (`available_memory()`, `levels()`, `status`, and `layout()`'s kept
+descriptors for a v2 level's `memory.pressure`) and the `Events` of that monitor (OOM kills
+and v2 `high` rises on the path): it does no I/O of its own.
+
+What a save takes (the lead is that times `margin`): the longest of the job's last saves
+timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when given; else
+`checkpoint_bytes` (default: the guarded level's working set, the most a checkpoint can
+hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
+filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
 sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
-and the policy) comes every `interval` seconds (0.5), or every `near_interval` (0.05) while
-`available_memory()` is within the reserve plus the growth expected before the next sample,
-and at once when it falls under the least reserve of any level: a breach is never left
-waiting for the clock. bench/guard.py measures both kinds of check.
+and the policy) comes every `interval` seconds (0.5, at spread phases), or every
+`near_interval` (0.05) while `available_memory()` is within the reserve plus the growth
+expected before the next sample, and at once when it falls under the least reserve of any
+level: a breach is never left waiting for the clock (sampling.py). bench/guard.py measures
+both kinds of check.
 
 Every change of the decision (stop or not, the trigger, the level) is one log record on the
 "cgwatch" logger (a warning when it says stop) and one call of each `subscribe()`d callback,
@@ -41,7 +49,6 @@ would hang) and a stop comes at most `sync_every - 1` checks late. Every rank mu
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -49,11 +56,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import policy, ranks, values
+from . import names, policy, ranks, sampling, values
 from .alerts import Threshold
 from .frozen import replace
 from .logs import reaches_last_resort
-from .policy import EXIT_STATUS, Reading, Throttling, Verdict
+from .policy import EXIT_STATUS, LargestRise, Reading, Throttling, Verdict
 from .trends import LevelTrends
 
 if TYPE_CHECKING:
@@ -75,48 +82,68 @@ class Guard:
 
     `monitor`: whose levels to guard (default: the process-wide one). `reserve`: headroom
     to keep at every limited level, bytes or a size ("512M") or a share of that level's
-    limit ("5%"). `checkpoint_seconds`: what a save takes until the job reports its own
-    (`saving()`, `saved()`); `margin`: the forecast must leave that times the checkpoint
-    time. `interval`: seconds between samples; `near_interval`: between samples while
-    `available_memory()` is within the reserve plus the growth expected meanwhile.
+    limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice between
+    two checks times this (0: none; policy.LargestRise). `checkpoint_seconds`: what a save
+    takes until the job reports its own (`saving()`, `saved()`); None: `checkpoint_bytes`
+    (bytes or a size; None: the working set) over `write_rate` (bytes or a size per
+    second), module docstring;
+    `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
+    between samples on average (spread +-`jitter` of it); `near_interval`: between samples
+    while `available_memory()` is within the reserve plus the growth expected meanwhile.
     `pressure`: the PSI line ("full" or "some") and `pressure_threshold` its stall share
     that counts as throttled, for `throttle_seconds` in a row (0: never stop for
     throttling). `events`: an `Events` of the same monitor to learn OOM kills and `high`
     rises from, True to make one (closed with the guard), False for none. `bucket`, `span`,
-    `window`: the forecast's (forecast.py). `sync_every`: checks between two agreements
+    `window`: the forecast's (forecast.py: 1 s buckets, the peak of the last 12, 24 kept
+    per time scale). `sync_every`: checks between two agreements
     of all ranks (module docstring; 0: never, each rank decides alone); `ranks`: the group
     to agree in (anything with `rank` and a collective `max(int) -> int`; default
     torch.distributed's default group, once initialised).
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
-                 reserve: Union[int, str, Threshold] = "5%",
-                 checkpoint_seconds: float = 60.0, margin: float = 1.5,
-                 interval: float = 0.5, near_interval: float = 0.05, pressure: str = "full",
-                 pressure_threshold: float = 0.10, throttle_seconds: float = 30.0,
-                 events: Union[bool, Events] = True, bucket: float = 1.0, span: int = 5,
-                 window: int = 12, sync_every: int = 10, ranks: Optional[Ranks] = None) -> None:
+                 reserve: Union[int, str, Threshold] = "5%", rise_margin: float = 1.25,
+                 checkpoint_seconds: Optional[float] = None,
+                 checkpoint_bytes: Union[int, str, None] = None,
+                 write_rate: Union[int, str] = "100M", margin: float = 1.5,
+                 interval: float = 0.5, jitter: float = 0.5, near_interval: float = 0.05,
+                 pressure: str = "full", pressure_threshold: float = 0.10,
+                 throttle_seconds: float = 30.0, events: Union[bool, Events] = True,
+                 bucket: float = 1.0, span: int = 12, window: int = 24, sync_every: int = 10,
+                 ranks: Optional[Ranks] = None) -> None:
         if monitor is None:
             from .default import default_monitor
 
             monitor = default_monitor()
         if pressure not in ("some", "full"):
             raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
-        if checkpoint_seconds < 0 or margin < 1 or interval < 0 or near_interval < 0 \
-                or throttle_seconds < 0 or sync_every < 0:
+        rate = _size(write_rate)
+        size = None if checkpoint_bytes is None else _size(checkpoint_bytes)
+        if (checkpoint_seconds is not None and checkpoint_seconds < 0) or margin < 1 \
+                or interval < 0 or near_interval < 0 or not 0 <= jitter < 1 \
+                or throttle_seconds < 0 or sync_every < 0 or rise_margin < 0 or rate <= 0 \
+                or (size is not None and size < 0):
             raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
-                             "throttle_seconds >= 0, sync_every >= 0")
+                             "0 <= jitter < 1, throttle_seconds >= 0, sync_every >= 0, "
+                             "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
         threshold = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
         self.monitor = monitor
         self.reserve = threshold
         self.margin = margin
+        self.rise_margin = rise_margin
         self.interval = interval
+        self.jitter = jitter
         self.near_interval = near_interval
+        self.write_rate = rate
+        self.checkpoint_bytes = size
         self.pressure = pressure
         self.throttle_seconds = throttle_seconds
-        self._configured_checkpoint = float(checkpoint_seconds)
+        self._configured_checkpoint = None if checkpoint_seconds is None \
+            else float(checkpoint_seconds)
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
+        self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
+        self._rise = LargestRise()
         # The working-set forecast of each guarded level (trends.py, one owner of per-level
         # forecasts); refuses a bad shape here, not at the first sample.
         self._trends = LevelTrends(bucket=bucket, span=span, window=window)
@@ -128,11 +155,8 @@ class Guard:
         self._callbacks: list[Callable[[Verdict], None]] = []
         self._on_stderr = ""  # the stop line logging's last resort wrote on stderr (exit())
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
-        self._due = 0.0  # the next sample, time.monotonic()
-        self._near = 0  # available_memory() at or below this: sample every near_interval
-        self._floor = 0  # the least reserve of any level: available_memory() below it breaches
-        self._sampled = float("-inf")  # the last sample, time.monotonic()
-        self._host_low = False  # available_memory() under _floor was the host's, not a level's
+        self._plan = sampling.FIRST  # when the next sample comes (sampling.py)
+        self._samples = 0  # samples taken: the next one's phase
         self._verdict = Verdict(False, policy.OK, lead=self.lead)
         self.sync_every = sync_every
         self._ranks = ranks
@@ -210,22 +234,18 @@ class Guard:
 
     def _decide(self, step: Optional[int]) -> Verdict:
         now = _monotonic()
-        available = None
-        if self._killed == self._verdict.killed and now < self._due:
-            available = self.monitor.available_memory()
-            if available > self._near:
-                return self._verdict  # its `step` is the one of the check that decided it
-            # Near the reserve: sample every near_interval, and at once when a level is
-            # certainly under its reserve while the verdict does not say so (unless the last
-            # sample found that it was the host's MemAvailable, which no reserve covers).
-            if now < self._sampled + self.near_interval and (
-                    self._verdict.stop or available >= self._floor or self._host_low):
-                return self._verdict
+        available: Optional[int] = None
         try:
+            available = self.monitor.available_memory()
+            self._rise.update(available)
+            if not sampling.due(self._plan, now, available, near_interval=self.near_interval,
+                                stopped=self._verdict.stop, killed=self._killed):
+                return self._verdict  # its `step` is the one of the check that decided it
             return self._sample(now, step, available)
         except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
             log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
-            self._due = now + max(self.interval, 1.0)
+            self._plan = replace(self._plan, due=now + max(self.interval, 1.0), near=-1,
+                                 killed=self._killed)
             return self._verdict
 
     @property
@@ -259,13 +279,20 @@ class Guard:
 
     @property
     def checkpoint_seconds(self) -> float:
-        """What a save takes: the longest of the last saves reported, else the configured."""
-        return max(self._saves) if self._saves else self._configured_checkpoint
+        """What a save takes: the longest of the last saves reported, else the configured,
+        else the estimate from the last sample's working set (module docstring)."""
+        return policy.save_seconds(self._saves, self._configured_checkpoint,
+                                   self.checkpoint_bytes, self._working_set, self.write_rate)
 
     @property
     def lead(self) -> float:
         """Seconds the forecast must leave: checkpoint_seconds x margin."""
         return self.checkpoint_seconds * self.margin
+
+    @property
+    def rise(self) -> int:
+        """The largest piece the job took twice between two checks so far (bytes)."""
+        return self._rise.largest
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -297,23 +324,25 @@ class Guard:
 
     def _sample(self, now: float, step: Optional[int], available: Optional[int]) -> Verdict:
         with self._lock:
+            killed = self._killed
             readings = self._read(now)
+            limited = [r for r in readings if r.limit is not None and r.headroom is not None]
+            if limited:  # the tightest level's working set: what a save may have to write
+                tight = min(limited, key=lambda r: r.headroom or 0)
+                self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
             lead = self.lead
             share = self.reserve.fraction
+            rise = int(self._rise.largest * self.rise_margin)
             verdict = policy.decide(readings, reserve=self.reserve.bytes or 0, share=share,
                                     lead=lead, throttle_seconds=self.throttle_seconds,
-                                    killed=self._killed, step=step)
-            floors = [policy.reserve_bytes(r.limit, self.reserve.bytes or 0, share)
+                                    killed=killed, step=step, rise=rise)
+            floors = [policy.reserve_bytes(r.limit, self.reserve.bytes or 0, share) + rise
                       for r in readings if r.limit is not None]
-            growth = max([r.trend.growth for r in readings], default=0.0)
-            # Far enough that `interval` seconds of growth (or a doubling of the last
-            # growth rate) cannot pass the reserve before the next sample.
-            self._near = max(floors, default=0) + int(2 * growth * max(self.interval, lead))
-            self._floor = min(floors, default=0)
-            self._host_low = available is not None and available < self._floor \
-                and not verdict.stop
-            self._due = now + self.interval
-            self._sampled = now
+            self._plan = sampling.plan(
+                now, interval=self.interval, jitter=self.jitter, k=self._samples,
+                floors=floors, growth=max([r.trend.growth for r in readings], default=0.0),
+                lead=lead, available=available, stopped=verdict.stop, killed=killed)
+            self._samples += 1
             previous, self._verdict = self._verdict, verdict
         if verdict.key() != previous.key():
             self._announce(verdict)
@@ -321,6 +350,7 @@ class Guard:
 
     def _read(self, now: float) -> list[Reading]:
         version: Optional[int] = None  # read only for a level with memory.high (v2's)
+        kept: Optional[dict[str, Any]] = None  # layout()'s levels by path, when PSI is read
         readings = []
         levels = self.monitor.levels()
         # The levels with a limit or memory.high and a read working set (trends.forecastable),
@@ -335,7 +365,11 @@ class Guard:
             if lvl.high is not None:
                 if version is None:
                     version = self.monitor.status.version
-                share = self._stall_share(now, path, lvl.directory) if version == 2 else None
+                share = None
+                if version == 2:
+                    if kept is None:
+                        kept = {k.cgroup_path: k for k in self.monitor.layout().levels}
+                    share = self._stall_share(now, path, kept.get(path))
                 rises = self._high_rises.get(path, 0)
                 high_rose = rises > self._high_seen.get(path, 0)
                 self._high_seen[path] = rises
@@ -349,16 +383,14 @@ class Guard:
         self._throttling.keep_only(set(trends))
         return readings
 
-    def _stall_share(self, now: float, path: str, directory: str) -> Optional[float]:
+    def _stall_share(self, now: float, path: str, level: Any) -> Optional[float]:
         """The PSI stall share of one v2 level since the previous sample (None: first
-        reading, PSI off or unreadable: the `high` counter decides then)."""
+        reading, PSI off or unreadable: the `high` counter decides then). Read through the
+        level's kept descriptor (`layout()`, as prometheus.py reads it): no open per sample."""
         try:
-            fd = os.open(os.path.join(directory, "memory.pressure"), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                text = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-            total = values.parse_pressure(text).get(self.pressure)
+            if level is None:
+                raise FileNotFoundError(path)  # a level that left the layout meanwhile
+            total = values.parse_pressure(level.read(names.PRESSURE)).get(self.pressure)
         except (OSError, ValueError):
             # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
             total = None
@@ -383,3 +415,13 @@ class Guard:
                 callback(verdict)
             except Exception:  # noqa: BLE001 - a callback must not stop the training loop
                 log.exception("cgwatch guard: callback %r failed", callback)
+
+
+def _size(value: Union[int, str]) -> int:
+    """Bytes from an int or a size ("100M"), as `reserve` takes them (alerts.Threshold)."""
+    if isinstance(value, int):
+        return value
+    parsed = Threshold.parse(value)
+    if parsed.bytes is None:
+        raise ValueError(f"guard: a size in bytes, not a share: {value!r}")
+    return parsed.bytes

@@ -4,7 +4,9 @@ tests/test_policy.py. The public object that samples and delivers is guard.py.
 
 `decide()` stops when any of these holds, and names the first in this order:
 1. RESERVE: a limited level's headroom, limit - (usage - inactive_file), is below the
-   reserve (bytes, or a share of that level's limit): the kill is close whatever the trend.
+   reserve (bytes, or a share of that level's limit) plus the room the job's largest rise
+   needs (`rise`: the largest piece it took twice between two checks, times a margin;
+   `LargestRise`): the next piece of that size could not fit a save, or would be the kill.
 2. OOM_KILL: the OOM killer killed a process on the path since the guard started, and the
    job lives on (a pool that replaces its workers, a helper process): the next victim may be
    the job itself. Not a torch DataLoader's worker: its death makes the main process raise at
@@ -25,7 +27,7 @@ which neither 0 (done), 1 (failed) nor 137 (killed) says, and schedulers can req
 
 from __future__ import annotations
 
-from .frozen import Frozen, fill
+from .frozen import Frozen, fill, replace
 from .units import human_bytes
 
 TYPE_CHECKING = False
@@ -43,6 +45,7 @@ THROTTLE = "throttle"
 TRIGGERS = (RESERVE, OOM_KILL, FORECAST, THROTTLE)
 
 EXIT_STATUS = 75  # EX_TEMPFAIL: saved, stopped, may be resumed (module docstring)
+MIN_SAVE_SECONDS = 1.0  # the least a save is assumed to take: two samples at the 0.5 s clock
 
 
 class Reading(Frozen):
@@ -75,7 +78,8 @@ class Verdict(Frozen):
     JSON."""
 
     __slots__ = ("stop", "trigger", "level", "limit", "headroom", "reserve", "growth",
-                 "seconds_left", "lead", "pressure", "throttled_for", "killed", "step", "rank")
+                 "seconds_left", "lead", "pressure", "throttled_for", "killed", "step", "rank",
+                 "rise")
     _fields = __slots__
     stop: bool
     trigger: str
@@ -83,7 +87,7 @@ class Verdict(Frozen):
     limit: Optional[int]
     headroom: Optional[int]
     reserve: Optional[int]  # bytes, at this level
-    growth: float  # bytes per second of the working set's envelope (0.0: none seen)
+    growth: float  # bytes per second of the working set (0.0: none seen; forecast.py)
     seconds_left: Optional[float]  # until the limit at that growth (None: no growth)
     lead: float  # seconds a save needs (checkpoint time x margin)
     pressure: Optional[float]  # PSI stall share over the last sample
@@ -91,6 +95,7 @@ class Verdict(Frozen):
     killed: int  # OOM kills counted on the path since the guard started
     step: Optional[int]
     rank: Optional[int]  # the deciding rank, when not this process (ranks agreed)
+    rise: int  # bytes of `reserve` kept for the job's largest rise (its margin included)
 
     def __init__(self, stop: bool, trigger: str, level: str = "",
                  limit: Optional[int] = None, headroom: Optional[int] = None,
@@ -98,7 +103,7 @@ class Verdict(Frozen):
                  seconds_left: Optional[float] = None, lead: float = 0.0,
                  pressure: Optional[float] = None, throttled_for: float = 0.0,
                  killed: int = 0, step: Optional[int] = None,
-                 rank: Optional[int] = None) -> None:
+                 rank: Optional[int] = None, rise: int = 0) -> None:
         fill(self, locals())
 
     def __bool__(self) -> bool:
@@ -120,7 +125,9 @@ class Verdict(Frozen):
             return (f"cgwatch guard: save and stop{at}: rank {self.rank}'s guard decided "
                     f"({self.trigger}; that rank's message gives the level and figures)")
         if self.trigger == RESERVE:
-            why = (f"{room}, below the reserve of {human_bytes(self.reserve)}")
+            why = f"{room}, below the reserve of {human_bytes(self.reserve)}"
+            if self.rise:
+                why += f" (room for the job's largest rise, {human_bytes(self.rise)}, included)"
         elif self.trigger == OOM_KILL:
             why = f"the OOM killer killed {self.killed} process(es) on the path"
         elif self.trigger == FORECAST:
@@ -152,15 +159,15 @@ def reserve_bytes(limit: int, reserve: int, share: Optional[float]) -> int:
 
 def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[float] = None,
            lead: float, throttle_seconds: float, killed: int = 0,
-           step: Optional[int] = None) -> Verdict:
+           step: Optional[int] = None, rise: int = 0) -> Verdict:
     """Save and stop, or go on (module docstring). `reserve` bytes or `share` of each level's
-    limit; `lead` seconds (a checkpoint's time x margin); `killed`: OOM kills on the path
-    since the guard started."""
+    limit, plus `rise` bytes (the job's largest rise times a margin); `lead` seconds (a
+    checkpoint's time x margin); `killed`: OOM kills on the path since the guard started."""
     for r in readings:
         if r.limit is not None and r.headroom is not None:
-            floor = reserve_bytes(r.limit, reserve, share)
+            floor = reserve_bytes(r.limit, reserve, share) + rise
             if r.headroom < floor:
-                return _about(r, RESERVE, floor, lead, killed, step)
+                return replace(_about(r, RESERVE, floor, lead, killed, step), rise=rise)
     if killed:
         tight = min(readings, key=lambda r: r.headroom if r.headroom is not None else 1 << 62,
                     default=None)
@@ -185,6 +192,48 @@ def _about(r: Reading, trigger: str, floor: Optional[int], lead: float, killed: 
     return Verdict(True, trigger, r.cgroup_path, r.limit, r.headroom, floor, r.trend.growth,
                    r.trend.seconds_left(r.limit), lead, r.pressure, r.throttled_for, killed,
                    step)
+
+
+def save_seconds(saves: Sequence[float], configured: Optional[float],
+                 checkpoint_bytes: Optional[int], working_set: int, write_rate: int) -> float:
+    """What a save takes, from the most real figure there is: the longest of the job's
+    timed saves; else `configured` (the user's); else a checkpoint's size over the disk's
+    `write_rate` (bytes/s), the size `checkpoint_bytes` when known, else the job's working
+    set (a checkpoint holds at most what the job keeps in memory: weights, optimizer state).
+    Never under MIN_SAVE_SECONDS."""
+    if saves:
+        return max(saves)
+    if configured is not None:
+        return configured
+    size = checkpoint_bytes if checkpoint_bytes is not None else working_set
+    return max(MIN_SAVE_SECONDS, size / write_rate)
+
+
+class LargestRise:
+    """The largest piece the job has taken at least twice between two checks: how much
+    `available_memory()` fell from one check to the next (a fall of the headroom is a rise of
+    the working set), the second largest such fall. A job that allocates in large pieces
+    (stairs, a big batch, optimizer state) takes the next piece in one go, between two
+    checks: the reserve must hold it and still leave the save its room. A piece taken once
+    is not a pattern and is not kept: the interpreter and the imports under `cgwatch run
+    --guard` (checked from before the command starts: 50-60 MiB in one 0.1 s check was seen),
+    a model loaded, one dataset; nor are frees (a sawtooth's drop)."""
+
+    def __init__(self) -> None:
+        self.largest = 0  # the second largest fall: a piece seen twice
+        self._top = 0  # the largest fall, seen once at least
+        self._last: Optional[int] = None
+
+    def update(self, available: int) -> int:
+        """One check's `available_memory()`; the largest piece taken twice so far (bytes)."""
+        last, self._last = self._last, available
+        if last is not None and last - available > self.largest:
+            rise = last - available
+            if rise > self._top:
+                self.largest, self._top = self._top, rise
+            else:
+                self.largest = rise
+        return self.largest
 
 
 def stall_share(before: Optional[tuple[float, int]], after: tuple[float, int]) -> Optional[float]:

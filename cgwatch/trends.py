@@ -39,7 +39,8 @@ def forecastable(level: LevelInfo) -> bool:
 
 def fields(trend: Trend, limit: Optional[int], high: Optional[int]) -> dict[str, Any]:
     """The forecast as plain data: growth (bytes/s, 0.0 when none persists), the seconds until
-    the limit and until memory.high (None: no line, or no growth), the envelope points."""
+    the limit and until memory.high (None: no line, no growth, or beyond what the evidence
+    licenses), the closed buckets it rests on."""
     return {"growth": trend.growth, "seconds_to_limit": trend.seconds_left(limit),
             "seconds_to_high": trend.seconds_left(high), "points": trend.points}
 
@@ -64,8 +65,8 @@ class LevelTrends:
     """The Forecasters of the levels seen, by cgroup path. `bucket`, `span`, `window`:
     forecast.py's (a short `--sample` uses short buckets)."""
 
-    def __init__(self, *, bucket: float = 1.0, span: int = 5, window: int = 12,
-                 min_points: int = 4) -> None:
+    def __init__(self, *, bucket: float = 1.0, span: int = 12, window: int = 24,
+                 min_points: int = 6) -> None:
         self._shape = (bucket, span, window, min_points)
         self._new()  # refuses a bad shape here, not at the first sample
         self._forecasters: dict[str, Forecaster] = {}

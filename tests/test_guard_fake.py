@@ -54,10 +54,12 @@ def test_far_from_everything(monitor: Monitor) -> None:
 def test_reserve_one_callback_and_one_record_per_change(
         host: FakeHost, monitor: Monitor, caplog: pytest.LogCaptureFixture) -> None:
     """5% of 4 GiB = 204.8 MiB: 3.9 GiB used (inactive 0) leaves 102.4 MiB -> stop; freed
-    again -> go on. 300 checks, two changes: two callbacks, two records."""
+    again -> go on. 300 checks, two changes: two callbacks, two records. (rise_margin=0: the
+    jump to 3.9 GiB would otherwise be learned as the job's piece, and kept free after;
+    test_a_big_piece_is_kept_free.)"""
     seen: list[Verdict] = []
     with caplog.at_level(logging.INFO, logger="cgwatch"), \
-            Guard(monitor, reserve="5%", interval=0.0, events=False) as guard:
+            Guard(monitor, reserve="5%", rise_margin=0, interval=0.0, events=False) as guard:
         guard.subscribe(seen.append)
         for step in range(100):
             guard.check(step)
@@ -92,6 +94,7 @@ def test_forecast_of_a_leak(host: FakeHost, monitor: Monitor) -> None:
     left: well under a 1000 s checkpoint. Stops by forecast once enough buckets closed,
     before the reserve is reached."""
     usage = 1 * GiB
+    host.set_usage("/job", usage, 0)  # from the first check on: no 0.9 GiB first "rise"
     with Guard(monitor, reserve="1M", checkpoint_seconds=1000.0, interval=0.0,
                bucket=0.02, events=False) as guard:
         verdict = guard.check(0)
@@ -108,9 +111,10 @@ def test_forecast_of_a_leak(host: FakeHost, monitor: Monitor) -> None:
 
 
 def test_a_step_change_does_not_stop_it(host: FakeHost, monitor: Monitor) -> None:
-    """1 GiB -> 3 GiB at once, then flat, 1.9 GiB above the 5% reserve line: no stop over 30
-    buckets, even with a 1000 s checkpoint."""
-    with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, bucket=0.02,
+    """1 GiB -> 3 GiB at once, then flat, 1.9 GiB above the 5% reserve line: no stop by the
+    forecast over 30 buckets, even with a 1000 s checkpoint (rise_margin=0: that 2 GiB piece
+    would not fit again, test_a_big_piece_is_kept_free)."""
+    with Guard(monitor, checkpoint_seconds=1000.0, rise_margin=0, interval=0.0, bucket=0.02,
                events=False) as guard:
         host.set_usage("/job", 1 * GiB, 0)
         for step in range(20):
@@ -123,6 +127,62 @@ def test_a_step_change_does_not_stop_it(host: FakeHost, monitor: Monitor) -> Non
             step += 1
             assert not guard.check(step).stop
             time.sleep(0.005)
+
+
+def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
+    """The reserve follows the job (policy.LargestRise): one 1 GiB piece (a dataset loaded,
+    then flat) is no pattern: 2 GiB left, no stop; a second piece, of 600 MiB, makes 600 MiB
+    the piece taken twice (the second largest): 1.4 GiB left, more than 5% (204.8 MiB) +
+    600 x 1.25 = 750 MiB, no stop; a third, 600 MiB again, leaves 848 MiB, under 954.8 MiB:
+    stop, naming the rise (750 MiB). All with a 1000 s checkpoint: the forecast sees no
+    growth in steps."""
+    host.set_usage("/job", 1 * GiB, 0)
+    with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, events=False) as guard:
+        assert not guard.check(0).stop
+        host.set_usage("/job", 2 * GiB, 0)
+        calm = [guard.check(step) for step in range(1, 50)]
+        assert guard.rise == 0
+        host.set_usage("/job", 2 * GiB + 600 * MiB, 0)
+        calm += [guard.check(step) for step in range(50, 100)]
+        assert guard.rise == 600 * MiB
+        host.set_usage("/job", 3 * GiB + 176 * MiB, 0)
+        verdict = guard.check(100)
+    assert not any(v.stop for v in calm)
+    assert verdict.trigger == "reserve" and verdict.headroom == 848 * MiB
+    assert verdict.rise == 750 * MiB
+    assert verdict.reserve == int(4 * GiB * 0.05) + 750 * MiB
+    assert "room for the job's largest rise, 750.0 MiB, included" in verdict.message()
+
+
+def test_the_save_time_before_any_save(host: FakeHost, monitor: Monitor) -> None:
+    """No save timed, none configured: the working set over write_rate, at least 1 s. The
+    fake job: usage 100 MiB - inactive 10 MiB = 90 MiB at 100 MiB/s -> 0.9 s -> 1 s; set to
+    1 GiB (inactive 0) -> 10.24 s; `checkpoint_bytes` 2 GiB at 10^8 B/s -> 21.5 s; the user's
+    `checkpoint_seconds` before any of those; a timed save before everything."""
+    with Guard(monitor, interval=0.0, events=False) as guard:
+        guard.check(0)
+        assert guard.checkpoint_seconds == 1.0
+        host.set_usage("/job", 1 * GiB, 0)
+        guard.check(1)
+        assert guard.checkpoint_seconds == pytest.approx(10.24)
+        assert guard.lead == pytest.approx(15.36)
+        guard.saved(2.5)
+        assert guard.checkpoint_seconds == 2.5
+    with Guard(monitor, checkpoint_bytes="2G", write_rate=100_000_000, interval=0.0,
+               events=False) as guard:
+        guard.check(0)
+        assert guard.checkpoint_seconds == pytest.approx(2 * GiB / 100e6)
+    with Guard(monitor, checkpoint_seconds=7.0, checkpoint_bytes="2G", events=False) as guard:
+        guard.check(0)
+        assert guard.checkpoint_seconds == 7.0
+
+
+@pytest.mark.parametrize("kwargs", [{"write_rate": 0}, {"write_rate": "5%"},
+                                    {"checkpoint_bytes": -1}, {"rise_margin": -1},
+                                    {"jitter": 1.0}, {"checkpoint_seconds": -1}])
+def test_options_refused(monitor: Monitor, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Guard(monitor, events=False, **kwargs)  # type: ignore[arg-type]
 
 
 def test_saves_set_the_checkpoint_time(monitor: Monitor) -> None:

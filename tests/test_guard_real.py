@@ -87,5 +87,77 @@ def test_without_the_guard_the_kernel_kills_it(tree: Tree, tmp_path: object) -> 
     assert not os.path.exists(checkpoint)
 
 
+SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shape_child.py")
+SHAPE_LIMIT = 256 * MiB
+
+
+def spawn_shape(tree: Tree, cgroup: str, *args: str) -> tuple[int, str, str]:
+    code = (f"import runpy, sys\nsys.argv = [{SHAPES!r}, *{list(args)!r}]\n"
+            f"runpy.run_path({SHAPES!r}, run_name='__main__')\n")
+    proc = tree.spawn(cgroup, code)
+    out, err = proc.communicate(timeout=180)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("shape", [
+    # The issue's sawtooth (20% -> 60% in 10 pieces, freed), a 0.5 s cycle and a 5 s one.
+    pytest.param(["--shape", "sawtooth", "--period", "0.5"], id="sawtooth-0.5s"),
+    pytest.param(["--shape", "sawtooth", "--period", "5"], id="sawtooth-5s"),
+    # One piece of 25% (64 MiB) at 2 s, then flat: the piece is learned (80 MiB with the
+    # margin, + the 12.8 MiB reserve), ~165 MiB stays free.
+    pytest.param(["--shape", "step"], id="step-then-flat"),
+    # 40% over 3 s, then flat: a start-up ramp (imports, a model load).
+    pytest.param(["--shape", "ramp"], id="start-up-ramp"),
+])
+def test_healthy_shapes_run_to_their_end(tree: Tree, tmp_path: object,
+                                         shape: list[str]) -> None:
+    """A healthy job under the guard's documented defaults is not stopped (20 s each)."""
+    job = tree.make("job", limit=SHAPE_LIMIT)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, out, err = spawn_shape(tree, job, *shape, "--limit", str(SHAPE_LIMIT),
+                                   "--seconds", "20", "--checkpoint", checkpoint)
+    assert status == 0 and out.endswith("done\n"), err
+    assert not os.path.exists(checkpoint)
+    assert oom_kills(job, tree.version) == 0
+
+
+def test_stairs_stop_while_the_next_piece_fits(tree: Tree, tmp_path: object) -> None:
+    """46 MiB (18%) a second into 256 MiB, with ~25 MiB of interpreter: 5 stairs are the
+    kill. The guard learns a stair (the largest rise between two checks) and keeps 46 x 1.25
+    + 12.8 MiB free, so it stops after the 4th stair (~47 MiB left), with the configured 5%
+    still free and no kill; the forecast, which needs 6 s of climbing, is not what stops it."""
+    job = tree.make("job", limit=SHAPE_LIMIT)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, out, err = spawn_shape(tree, job, "--shape", "stairs", "--stair", "0.18",
+                                   "--limit", str(SHAPE_LIMIT), "--seconds", "60",
+                                   "--checkpoint", checkpoint)
+    assert status == 75, err
+    with open(checkpoint) as f:
+        verdict = json.load(f)["verdict"]
+    assert verdict["trigger"] == "reserve", verdict
+    assert verdict["rise"] >= int(SHAPE_LIMIT * 0.18 * 1.25) - 2 * MiB, verdict
+    assert verdict["headroom"] >= SHAPE_LIMIT * 5 // 100, verdict
+    assert oom_kills(job, tree.version) == 0
+
+
+def test_a_leak_with_the_defaults_stops_late(tree: Tree, tmp_path: object) -> None:
+    """8 MiB/s into 256 MiB with no save time given: the save is estimated from the working
+    set (~240 MiB / 100 MiB/s ~ 2.4 s, lead ~3.6 s, ~29 MiB), not assumed (60 s x 1.5 gave
+    away 53-74% of the limit). It stops with under a quarter of the limit free, the 5%
+    reserve kept, no kill."""
+    job = tree.make("job", limit=SHAPE_LIMIT)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, out, err = spawn_shape(tree, job, "--shape", "leak", "--rate", "8",
+                                   "--limit", str(SHAPE_LIMIT), "--seconds", "120",
+                                   "--checkpoint", checkpoint)
+    assert status == 75, err
+    with open(checkpoint) as f:
+        verdict = json.load(f)["verdict"]
+    assert verdict["trigger"] in ("forecast", "reserve"), verdict
+    assert SHAPE_LIMIT * 5 // 100 <= verdict["headroom"] <= SHAPE_LIMIT // 4, verdict
+    assert verdict["lead"] < 10.0, verdict
+    assert oom_kills(job, tree.version) == 0
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

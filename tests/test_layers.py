@@ -56,6 +56,7 @@ LAYER = {
     "cgwatch.slurm": "pure rules",
     "cgwatch.forecast": "pure rules",
     "cgwatch.policy": "pure rules",
+    "cgwatch.sampling": "pure rules",
     "cgwatch.trends": "pure rules",
     "cgwatch.timeline": "pure rules",
     # Read kernel files, own descriptors.

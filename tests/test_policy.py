@@ -17,10 +17,12 @@ from cgwatch.policy import (
     OOM_KILL,
     RESERVE,
     THROTTLE,
+    LargestRise,
     Reading,
     Throttling,
     Verdict,
     decide,
+    save_seconds,
     stall_share,
 )
 
@@ -103,10 +105,61 @@ def test_forecast_verdict_carries_the_figures() -> None:
         "within the guard's lead of ~90 s")
 
 
+def test_the_largest_rise_widens_the_reserve() -> None:
+    """5% of 4 GiB (204.8 MiB) + 300 MiB kept for the job's largest piece: 400 MiB left is
+    under the 504.8 MiB; 600 MiB is not."""
+    tight = decide([job(400 * MiB)], share=0.05, lead=3.0, throttle_seconds=30.0,
+                   rise=300 * MiB)
+    assert (tight.trigger, tight.reserve, tight.rise) == (
+        RESERVE, int(4 * GiB * 0.05) + 300 * MiB, 300 * MiB)
+    assert not decide([job(600 * MiB)], share=0.05, lead=3.0, throttle_seconds=30.0,
+                      rise=300 * MiB).stop
+
+
+RISES = [
+    # available_memory() at each check (MiB) -> the largest piece taken twice (MiB)
+    pytest.param([1000, 1000, 1000], 0, id="flat"),
+    pytest.param([1000, 800, 800, 800], 0, id="one-step-is-no-pattern"),
+    pytest.param([1000, 940, 900, 860, 1000, 960, 920], 40, id="sawtooth-pieces-and-frees"),
+    pytest.param([1000, 780, 560, 340], 220, id="stairs"),
+    pytest.param([1000, 1200, 1100, 1000], 100, id="a-free-then-two-rises"),
+    # the imports (60 MiB once), then 10 and 20 MiB pieces: 20 is the piece seen twice
+    pytest.param([1000, 940, 930, 910, 890, 880], 20, id="start-up-then-pieces"),
+    pytest.param([1000, 700, 600, 450], 150, id="three-sizes-the-second"),
+]
+
+
+@pytest.mark.parametrize(("available", "want"), RISES)
+def test_largest_rise(available: list[int], want: int) -> None:
+    rise = LargestRise()
+    for a in available:
+        rise.update(a * MiB)
+    assert rise.largest == want * MiB
+
+
+SAVES = [
+    # (timed saves, configured, checkpoint bytes, working set, write rate) -> seconds
+    pytest.param(([3.0, 7.0], 60.0, None, GiB, 100 * MiB), 7.0, id="timed-saves-first"),
+    pytest.param(([], 60.0, None, GiB, 100 * MiB), 60.0, id="the-users-figure"),
+    pytest.param(([], None, None, GiB, 100 * MiB), 10.24, id="working-set-over-rate"),
+    pytest.param(([], None, 2 * GiB, GiB, 100 * MiB), 20.48, id="checkpoint-size-over-rate"),
+    pytest.param(([], None, None, 20 * MiB, 100 * MiB), 1.0, id="at-least-1-s"),
+]
+
+
+@pytest.mark.parametrize(("args", "want"), SAVES)
+def test_save_seconds(args: tuple, want: float) -> None:  # type: ignore[type-arg]
+    assert save_seconds(*args) == pytest.approx(want)
+
+
 MESSAGES = [
     pytest.param(Verdict(True, RESERVE, "/job", 4 * GiB, 200 * MiB, 256 * MiB, step=3),
                  "cgwatch guard: save and stop at step 3: cgroup /job: headroom 200.0 MiB of "
                  "4.0 GiB, below the reserve of 256.0 MiB", id="reserve"),
+    pytest.param(Verdict(True, RESERVE, "/job", 4 * GiB, 400 * MiB, 504 * MiB, rise=300 * MiB),
+                 "cgwatch guard: save and stop: cgroup /job: headroom 400.0 MiB of 4.0 GiB, "
+                 "below the reserve of 504.0 MiB (room for the job's largest rise, 300.0 MiB, "
+                 "included)", id="reserve-with-rise"),
     pytest.param(Verdict(True, OOM_KILL, "/job", 4 * GiB, 2 * GiB, killed=1),
                  "cgwatch guard: save and stop: cgroup /job: the OOM killer killed 1 "
                  "process(es) on the path", id="kill"),

@@ -89,8 +89,10 @@ def test_fields(trend: Trend, limit: Optional[int], high: Optional[int],
 
 def test_level_trends_leak_flat_and_a_level_that_leaves() -> None:
     """/job leaks 16 MiB/s, /top beside it is flat: after 8 s of 4 samples a second, /job's
-    growth is 16 MiB/s and its limit (1 GiB, 100 MiB used at t=0) ~ (1 GiB - peak) / 16 MiB/s
-    away; /top has no growth. Then /job leaves the path: its history goes with it."""
+    growth is 16 MiB/s; a line 16 MiB above its peak is (line - peak) / 16 MiB/s = 1 s away,
+    within what 6 s of evidence licenses (2 s), while its limit (1 GiB, ~50 s away) is beyond
+    it (forecast.py point 4); /top has no growth. Then /job leaves the path: its history
+    goes with it."""
     found = trends.LevelTrends()
     latest: dict[str, Trend] = {}
     for i in range(33):
@@ -103,8 +105,10 @@ def test_level_trends_leak_flat_and_a_level_that_leaves() -> None:
     job, top = latest["/job"], latest["/top"]
     assert found.ready(job) and found.ready(top)
     assert job.growth == pytest.approx(16 * MiB, rel=0.01)
-    left = job.seconds_left(GiB)
-    assert left is not None and left == pytest.approx((GiB - job.peak) / (16 * MiB), rel=0.01)
+    line = job.peak + 16 * MiB
+    left = job.seconds_left(line)
+    assert left is not None and left == pytest.approx((line - job.peak) / (16 * MiB), rel=0.01)
+    assert job.seconds_left(GiB) is None
     assert top.growth == 0.0 and top.seconds_left(4 * GiB) is None
     assert len(found) == 2
     assert set(found.add(9.0, [lvl("/top", limit=4 * GiB, usage=GiB, inactive=0)])) == {"/top"}
@@ -169,4 +173,4 @@ def test_table_shows_the_forecast_only_when_sampled() -> None:
     assert table[2].split()[-3:] == ["MiB", "~262", "s"]
     assert "2.0 MiB" in table[2]
     assert any(line.startswith("growth/s, limit in: ") and "over 10 s" in line
-               and "shorter than 4.2 s" in line for line in table)
+               and "shorter than 10.0 s" in line for line in table)  # 12 buckets of 10/12 s

@@ -105,7 +105,8 @@ def _paragraphs(*texts: str) -> str:
 
 
 GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches this "
-              "cgroup, CMD's: when headroom falls below --reserve, when the working set is "
+              "cgroup, CMD's: when headroom falls below --reserve (plus 1.25 x CMD's largest "
+              "rise between two checks), when the working set is "
               "predicted to reach a limit sooner than a save takes (--checkpoint-seconds x "
               "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
               "throttling above memory.high (v2), it says why on stderr and sends CMD "
@@ -216,7 +217,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      help="--guard: headroom to keep at every limited level, SIZE or PCT of "
                           "that level's limit (default 5%%)")
     run.add_argument("--checkpoint-seconds", type=_checkpoint_seconds, default=None,
-                     metavar="SECONDS", help="--guard: what CMD's save takes (default 60)")
+                     metavar="SECONDS",
+                     help="--guard: what CMD's save takes (default: CMD's working set at "
+                          "100 MiB/s, at least 1 s)")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
                           "after a save, the newest entry of DIR is named")

@@ -28,9 +28,10 @@ LEGEND = {"T": "T: limit that sets total_memory", "A": "A: level with the least 
 def sample_forecast(monitor: Monitor, seconds: float) -> dict[str, Any]:
     """`--sample SECONDS`: read the levels every SAMPLES_PER_BUCKET-th of a bucket for
     `seconds` and forecast each limited level (trends.py). One shot has no history, so the
-    forecast needs this wait; forecast.py's model with `seconds / 12` buckets (at least 4
-    closed ones before any growth counts), so a sawtooth slower than 5 buckets is not
-    smoothed away: say so with the answer (`bucket`)."""
+    forecast needs this wait; forecast.py's model with `seconds / 12` buckets (at least 6
+    closed ones before any growth counts), so a sawtooth whose cycle is longer than the 12
+    buckets sampled may show its rising edge as growth (and a seconds-to-limit only within a
+    third of what was sampled): say so with the answer (`bucket`)."""
     bucket = seconds / 12
     found = trends.LevelTrends(bucket=bucket)
     start = time.monotonic()
@@ -162,7 +163,8 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append(f"growth/s, limit in: the working set's growth over "
                      f"{data['forecast']['sampled_seconds']:.0f} s of samples and when the "
                      f"limit is reached at that rate (empty: no lasting growth seen; cycles "
-                     f"shorter than {5 * data['forecast']['bucket']:.1f} s are smoothed away)")
+                     f"shorter than {12 * data['forecast']['bucket']:.1f} s are not taken for "
+                     f"growth)")
     shm = data.get("dev_shm")
     if shm and shm["limits"]:
         lines.append(f"/dev/shm:         {human_bytes(shm['size'])} ({shm['size']} bytes), "

@@ -88,3 +88,50 @@ def test_sustained_throttling_above_memory_high_stops_the_job(tree: Tree) -> Non
     assert verdict["level"].endswith("/job"), verdict
     assert verdict["throttled_for"] >= 2.0
     assert verdict["pressure"] is not None and verdict["pressure"] >= 0.05
+
+
+SHAPES = os.path.join(PROJECT, "tests", "shape_child.py")
+SHAPE_LIMIT = 256 * MiB
+
+
+def run_shape(tree: Tree, cgroup: str, checkpoint: str, *args: str) -> tuple[int, str, str]:
+    code = (f"import runpy, sys\nsys.argv = [{SHAPES!r}, *{list(args)!r}, '--limit', "
+            f"'{SHAPE_LIMIT}', '--checkpoint', {checkpoint!r}]\n"
+            f"runpy.run_path({SHAPES!r}, run_name='__main__')\n")
+    proc = tree.spawn(cgroup, code)
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err
+
+
+def test_a_sawtooth_runs_to_its_end_and_stairs_stop_before_the_kill(tree: Tree,
+                                                                    tmp_path: object) -> None:
+    """On v2 (memory.current - inactive_file as the working set): the issue's sawtooth, 20%
+    -> 60% of 256 MiB in 10 pieces every 0.55 s, runs its 15 s with the guard's defaults;
+    stairs of 18% (46 MiB) stop on the reserve the stairs taught (46 x 1.25 + 12.8 MiB), with
+    the 5% still free and no OOM kill (5 stairs would be the kill). One cgroup after the
+    other, no swap (anonymous pages cannot be reclaimed: the kill is real)."""
+    if tree.version != 2:
+        pytest.skip("the v1 cases are tests/test_guard_real.py's")
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    saw = tree.make("saw", limit=SHAPE_LIMIT)
+    swap = os.path.join(saw, "memory.swap.max")
+    if os.path.exists(swap):
+        write(swap, "0")
+    status, out, err = run_shape(tree, saw, checkpoint, "--shape", "sawtooth",
+                                 "--period", "0.5", "--seconds", "15")
+    assert status == 0 and out.endswith("done\n"), err
+    assert not os.path.exists(checkpoint)
+    stairs = tree.make("stairs", limit=SHAPE_LIMIT)
+    swap = os.path.join(stairs, "memory.swap.max")
+    if os.path.exists(swap):
+        write(swap, "0")
+    status, out, err = run_shape(tree, stairs, checkpoint, "--shape", "stairs",
+                                 "--stair", "0.18", "--seconds", "120")
+    assert status == 75, err
+    with open(checkpoint) as f:
+        verdict = json.load(f)["verdict"]
+    assert verdict["trigger"] == "reserve", verdict
+    assert verdict["rise"] >= int(SHAPE_LIMIT * 0.18 * 1.25) - 2 * MiB, verdict
+    assert verdict["headroom"] >= SHAPE_LIMIT * 5 // 100, verdict
+    events = read(os.path.join(stairs, "memory.events"))
+    assert "oom_kill 0" in events, events
