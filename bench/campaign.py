@@ -34,6 +34,7 @@ picture per shape (`cgwatch run --plot`, the first `run` way run of each shape) 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
@@ -107,6 +108,7 @@ class Cgroups:
             _write(os.path.join(self.top, "cgroup.subtree_control"), "+memory", quiet=True)
         self.lock = threading.Lock()
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.stopping = False
 
     def make(self, name: str, limit: int) -> str:
         path = os.path.join(self.top, name)
@@ -144,11 +146,16 @@ class Cgroups:
                 time.sleep(0.1)  # members still exiting
         print(f"campaign: could not remove {path}", file=sys.stderr)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Kill every job started and start no more (Ctrl-C, a failure)."""
         with self.lock:
+            self.stopping = True
             for proc in self.procs:
                 if proc.poll() is None:
                     proc.kill()
+
+    def close(self) -> None:
+        self.stop()
         for name in os.listdir(self.top):
             if os.path.isdir(os.path.join(self.top, name)):
                 self.remove(os.path.join(self.top, name))
@@ -204,6 +211,8 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
         argv = job + ["--mode", "none"]
     else:
         argv = job + ["--mode", "guard"] + (["--learned"] if run.way == "learned" else [])
+    if groups.stopping:
+        raise KeyboardInterrupt
     cgroup = groups.make(f"run-{run.index}", limit)
     argv[argv.index("--out"):argv.index("--out")] = ["--cgroup", cgroup]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1",
@@ -212,9 +221,12 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
     began = time.monotonic()
     try:
         with open(os.path.join(work, "stderr"), "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-c", ENTER, cgroup, *argv], cwd=ROOT,
-                                    env=env, stdout=subprocess.DEVNULL, stderr=err)
-            with groups.lock:
+            with groups.lock:  # started under the lock: stop() kills it or it never starts
+                if groups.stopping:
+                    raise KeyboardInterrupt
+                proc = subprocess.Popen([sys.executable, "-c", ENTER, cgroup, *argv],
+                                        cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=err)
                 groups.procs.append(proc)
             try:
                 status = proc.wait(timeout=budget(shape, args.quick))
@@ -331,6 +343,15 @@ class Hogs:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        return campaign(argv)
+    except KeyboardInterrupt:
+        print("campaign: interrupted; its cgroups and jobs are gone, the runs so far are in "
+              "runs.json", file=sys.stderr)
+        return 130
+
+
+def campaign(argv: Optional[list[str]]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.campaign",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -351,7 +372,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                              "imports torch, transformers and lightning, else "
                              ".venv-integration/bin/python); none: skip them")
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--tables", metavar="RUNS_JSON",
+                        help="run nothing: print the tables of an earlier campaign's runs.json "
+                             "(and draw its picture into --out, unless --no-plots)")
     args = parser.parse_args(argv)
+    if args.tables:
+        with open(args.tables) as f:
+            old = [classify(r, shapes.BY_NAME[r["shape"]]) for r in json.load(f)["runs"]]
+        if not args.no_plots and args.out:
+            draw_sheet(old, os.path.join(args.out, "campaign.png"))
+        print(tables(old), end="")
+        return 0
     args.runs = args.runs or (1 if args.quick else 3)
     args.loads = args.loads or (["quiet"] if args.quick else ["quiet", "hog"])
     args.out = args.out or f"campaign-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -388,10 +419,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                 phase = [r for r in runs if r.load == load]
                 if load == "hog":
                     hogs = Hogs(2)
-                with ThreadPoolExecutor(args.jobs) as pool:
+                pool = ThreadPoolExecutor(args.jobs)
+                try:
                     for record in pool.map(lambda r: run_one(r, groups, args, work), phase):
                         records.append(record)
                         progress(record, len(records), len(runs), began)
+                except BaseException:
+                    groups.stop()  # the running jobs end now; the queued ones never start
+                    raise
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
                 if hogs is not None:
                     hogs.stop()
                     hogs = None
@@ -460,6 +497,10 @@ def draw_sheet(records: list[dict[str, Any]], path: str) -> bool:
         ws: list[Optional[int]] = next(
             (v for k, v in columns.items() if k.startswith("working_set:")), [])
         times = timeline["times"][:len(ws)]
+        usage: list[Optional[int]] = next(
+            (v for k, v in columns.items() if k.startswith("usage:")), [])
+        ax.plot(timeline["times"][:len(usage)], [(v or 0) / MiB for v in usage],
+                color="tab:blue", alpha=0.35, lw=2)
         ax.plot(times, [(v or 0) / MiB for v in ws], color="tab:green", lw=1)
         ax.axhline(r["limit"] / MiB, color="black", ls="--", lw=0.8)
         start = r["start"]
@@ -477,9 +518,19 @@ def draw_sheet(records: list[dict[str, Any]], path: str) -> bool:
                 ax.axvline(mark["time"], color="tab:red", lw=1)
         ax.set_title(name + (" (stopped)" if r["stopped"] else ""), fontsize=8)
         ax.tick_params(labelsize=6)
-    fig.suptitle("working set (green, MiB) against time (s) under `cgwatch run --guard`; "
-                 "limit dashed; the shape dotted; the guard's signal red", fontsize=9)
-    fig.savefig(path)
+    fig.suptitle("MiB against seconds under `cgwatch run --guard`: working set green, usage "
+                 "blue, limit dashed, the shape dotted (from the job's start), the guard's "
+                 "signal red", fontsize=9)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    try:  # Pillow comes with matplotlib: a 32-colour palette makes the file ~4x smaller
+        from PIL import Image
+
+        buffer.seek(0)
+        Image.open(buffer).convert("RGB").quantize(colors=32).save(path, optimize=True)
+    except ImportError:
+        with open(path, "wb") as f:
+            f.write(buffer.getvalue())
     return True
 
 
@@ -488,6 +539,11 @@ def draw_sheet(records: list[dict[str, Any]], path: str) -> bool:
 
 def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.0f} %" if whole else "—"
+
+
+def _median_share(rs: list[dict[str, Any]]) -> str:
+    shares = [r["life_share"] for r in rs if r["life_share"] is not None]
+    return f"{statistics.median(shares):.0%}" if shares else "—"
 
 
 def row_name(r: dict[str, Any]) -> str:
@@ -525,19 +581,23 @@ def tables(records: list[dict[str, Any]]) -> str:
               ">= 90 %). Life share = the stop's time / the time the shape reaches the room "
               "the job had once started.", "",
               "| shape | runs | stops | of them in start-up | saved before the kill | OOM kills "
-              "| life share, median (min-max) | saved per way (" + " / ".join(ways) + ") |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| life share, median (min-max) | saved per way (" + " / ".join(ways) + ") "
+              "| median life share per way |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for name in leaking:
         rs = [r for r in records if row_name(r) == name]
         shares = sorted(r["life_share"] for r in rs if r["life_share"] is not None)
         share = (f"{statistics.median(shares):.0%} ({shares[0]:.0%}-{shares[-1]:.0%})"
                  if shares else "—")
+        share_by_way = " / ".join(_median_share([r for r in rs if r["way"] == w])
+                                  for w in ways)
         saved_by_way = " / ".join(f"{sum(r['saved'] for r in rs if r['way'] == w)}/"
                                   f"{sum(1 for r in rs if r['way'] == w)}" for w in ways)
         lines.append(f"| {name} | {len(rs)} | {sum(r['stopped'] for r in rs)} | "
                      f"{sum(r['during_startup'] for r in rs)} | "
                      f"{_pct(sum(r['saved'] for r in rs), len(rs))} | "
-                     f"{sum(r['killed'] for r in rs)} | {share} | {saved_by_way} |")
+                     f"{sum(r['killed'] for r in rs)} | {share} | {saved_by_way} | "
+                     f"{share_by_way} |")
     loads = [r["loadavg"] for r in records]
     if loads:
         lines += ["", f"Load average (1 min) at the runs' starts: {min(loads):.1f}-"
