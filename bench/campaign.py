@@ -558,7 +558,8 @@ def tables(records: list[dict[str, Any]]) -> str:
             order.append(row_name(r))
     healthy = [n for n in order if not any(r["leaks"] for r in records if row_name(r) == n)]
     leaking = [n for n in order if n not in healthy]
-    lines = [f"Healthy shapes (goal: 0 stops). Stops per way: {' / '.join(ways)}; quiet + hog.",
+    loads = ", ".join(sorted({r["load"] for r in records}))
+    lines = [f"Healthy shapes (goal: 0 stops), loads: {loads}.",
              "", "| shape | runs | stops | " + " | ".join(f"stops, {w}" for w in ways)
              + " | of the stops, in start-up | OOM kills | timeouts |",
              "|---" * (6 + len(ways)) + "|"]
@@ -598,10 +599,10 @@ def tables(records: list[dict[str, Any]]) -> str:
                      f"{_pct(sum(r['saved'] for r in rs), len(rs))} | "
                      f"{sum(r['killed'] for r in rs)} | {share} | {saved_by_way} | "
                      f"{share_by_way} |")
-    loads = [r["loadavg"] for r in records]
-    if loads:
-        lines += ["", f"Load average (1 min) at the runs' starts: {min(loads):.1f}-"
-                  f"{max(loads):.1f} (median {statistics.median(loads):.1f})."]
+    averages = [r["loadavg"] for r in records]
+    if averages:
+        lines += ["", f"Load average (1 min) at the runs' starts: {min(averages):.1f}-"
+                  f"{max(averages):.1f} (median {statistics.median(averages):.1f})."]
     return "\n".join(lines) + "\n"
 
 
