@@ -144,6 +144,7 @@ class Guard:
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
         self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
         self._rise = LargestRise()
+        self._bound: Optional[int] = None  # the limit of the level that bounded the last sample
         # The working-set forecast of each guarded level (trends.py, one owner of per-level
         # forecasts); refuses a bad shape here, not at the first sample.
         self._trends = LevelTrends(bucket=bucket, span=span, window=window)
@@ -237,7 +238,7 @@ class Guard:
         available: Optional[int] = None
         try:
             available = self.monitor.available_memory()
-            self._rise.update(available)
+            self._rise.update(available, self._bound)
             if not sampling.due(self._plan, now, available, near_interval=self.near_interval,
                                 stopped=self._verdict.stop, killed=self._killed):
                 return self._verdict  # its `step` is the one of the check that decided it
@@ -327,12 +328,16 @@ class Guard:
             killed = self._killed
             readings = self._read(now)
             limited = [r for r in readings if r.limit is not None and r.headroom is not None]
+            self._bound = None
             if limited:  # the tightest level's working set: what a save may have to write
                 tight = min(limited, key=lambda r: r.headroom or 0)
                 self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
+                self._bound = bound_limit(available, tight)
+            if available is not None:  # the level just found teaches from this check on
+                self._rise.update(available, self._bound)
             lead = self.lead
             share = self.reserve.fraction
-            rise = int(self._rise.largest * self.rise_margin)
+            rise = int(self._rise.room(available) * self.rise_margin)
             verdict = policy.decide(readings, reserve=self.reserve.bytes or 0, share=share,
                                     lead=lead, throttle_seconds=self.throttle_seconds,
                                     killed=killed, step=step, rise=rise)
@@ -425,3 +430,15 @@ def _size(value: Union[int, str]) -> int:
     if parsed.bytes is None:
         raise ValueError(f"guard: a size in bytes, not a share: {value!r}")
     return parsed.bytes
+
+
+def bound_limit(available: Optional[int], tight: Reading) -> Optional[int]:
+    """The limit of `tight`, the limited level with the least headroom at a sample, when it
+    is what bounded `available_memory()` read at that check (within 1/32 of its headroom or
+    4 MiB: the two reads are microseconds apart); None when the host's MemAvailable was
+    lower (the host is not guarded, and its swings are other processes')."""
+    if available is None or tight.limit is None or tight.headroom is None:
+        return None
+    slack = max(4 << 20, tight.headroom // 32)
+    return tight.limit if available >= tight.headroom - slack else None
+

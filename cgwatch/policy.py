@@ -217,15 +217,38 @@ class LargestRise:
     checks: the reserve must hold it and still leave the save its room. A piece taken once
     is not a pattern and is not kept: the interpreter and the imports under `cgwatch run
     --guard` (checked from before the command starts: 50-60 MiB in one 0.1 s check was seen),
-    a model loaded, one dataset; nor are frees (a sawtooth's drop)."""
+    a model loaded, one dataset; nor are frees (a sawtooth's drop).
+
+    Only a guarded level's figure teaches it: `limit` is the limit of the level that bounded
+    `available_memory()` at the last sample, None when none did (no limited level on the
+    path yet, or the host's MemAvailable was lower). Else the host's swings (another job's
+    sawtooth) or the drop from the host's figure to a cgroup's when the job enters its
+    limited cgroup were learned as the job's pieces (the campaign's 0.2 s sawtooth, stopped
+    by "reserve" with 90 % of its 512 MiB free: bench.campaign).
+
+    `room(available)`: the headroom the next piece needs. None while the job is within a
+    piece of a depth it came back from (`turned`: the least headroom after which it gave at
+    least half a piece back): a sawtooth's peaks, a batch's, which it has survived and
+    left; the whole piece once the job goes beyond that (stairs, a leak in pieces, which
+    never give back). The price: a job that turned at a depth many times is trusted to
+    that depth plus one piece."""
 
     def __init__(self) -> None:
         self.largest = 0  # the second largest fall: a piece seen twice
+        self.turned: Optional[int] = None  # the least headroom the job came back from
         self._top = 0  # the largest fall, seen once at least
         self._last: Optional[int] = None
+        self._low: Optional[int] = None  # the least headroom since the job last gave back
+        self._limit: Optional[int] = None
 
-    def update(self, available: int) -> int:
-        """One check's `available_memory()`; the largest piece taken twice so far (bytes)."""
+    def update(self, available: int, limit: Optional[int]) -> int:
+        """One check's `available_memory()`, and the limit of the level that bounded it at
+        the last sample (None: none did); the largest piece taken twice so far (bytes)."""
+        if limit is None or available > limit:
+            self._last = self._low = None  # not a guarded level's figure: learn nothing
+            return self.largest
+        if limit != self._limit:  # another level, or its limit changed: its depths are new
+            self._limit, self._last, self._low, self.turned = limit, None, None, None
         last, self._last = self._last, available
         if last is not None and last - available > self.largest:
             rise = last - available
@@ -233,6 +256,19 @@ class LargestRise:
                 self.largest, self._top = self._top, rise
             else:
                 self.largest = rise
+        if self._low is None or available < self._low:
+            self._low = available
+        elif available - self._low >= max(self._top // 2, 1 << 20):
+            self.turned = self._low if self.turned is None else min(self.turned, self._low)
+            self._low = available
+        return self.largest
+
+    def room(self, available: Optional[int]) -> int:
+        """The headroom the next piece needs beyond the reserve (bytes): the largest piece,
+        or 0 while `available` is within a piece of a depth the job came back from."""
+        if self.turned is not None and available is not None \
+                and available >= self.turned - self.largest:
+            return 0
         return self.largest
 
 

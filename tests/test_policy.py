@@ -133,8 +133,43 @@ RISES = [
 def test_largest_rise(available: list[int], want: int) -> None:
     rise = LargestRise()
     for a in available:
-        rise.update(a * MiB)
+        rise.update(a * MiB, 2 * GiB)
     assert rise.largest == want * MiB
+
+
+# available_memory() at each check (MiB, None: a check whose figure was no guarded level's,
+# e.g. the job not yet in its limited cgroup, or the host's MemAvailable lower), the limit of
+# the level that bounded it (MiB) -> the largest piece, and the room the next piece needs at
+# the last check (MiB)
+BOUND_RISES = [
+    # the host's figure swings by another job's 300 MiB sawtooth, then the job enters its
+    # 512 MiB cgroup: nothing of that is the job's (the campaign's false stop)
+    pytest.param([(20000, None), (19700, None), (20000, None), (19700, None), (500, 512),
+                  (490, 512), (480, 512)], (10, 10), id="host-swings-then-the-cgroup"),
+    # a host figure above the limit cannot be the level's headroom
+    pytest.param([(900, 512), (600, 512), (300, 512)], (0, 0), id="above-the-limit"),
+    # a sawtooth of 4 x 60 MiB: once it has come back from 260 MiB, its peaks are no new
+    # depth: no room beyond the reserve there; stairs never come back: the whole piece
+    pytest.param([(500, 512), (440, 512), (380, 512), (320, 512), (260, 512), (500, 512),
+                  (440, 512), (380, 512), (320, 512), (260, 512)], (60, 0),
+                 id="sawtooth-peak-is-a-known-depth"),
+    pytest.param([(500, 512), (440, 512), (380, 512), (320, 512), (260, 512), (500, 512),
+                  (440, 512), (380, 512), (320, 512), (260, 512), (200, 512), (140, 512)],
+                 (60, 60), id="sawtooth-then-beyond-its-depth-by-a-piece"),
+    pytest.param([(500, 512), (440, 512), (380, 512), (320, 512)], (60, 60), id="stairs"),
+    # a new limit (the job moved, or resized): the depths known are of the old one
+    pytest.param([(500, 512), (440, 512), (380, 512), (500, 512), (440, 512), (380, 512),
+                  (900, 1024), (840, 1024), (780, 1024)], (60, 60), id="a-new-limit"),
+]
+
+
+@pytest.mark.parametrize(("checks", "want"), BOUND_RISES)
+def test_largest_rise_learns_only_a_guarded_levels_figure(
+        checks: list[tuple[int, Optional[int]]], want: tuple[int, int]) -> None:
+    rise = LargestRise()
+    for available, limit in checks:
+        rise.update(available * MiB, None if limit is None else limit * MiB)
+    assert (rise.largest, rise.room(checks[-1][0] * MiB)) == (want[0] * MiB, want[1] * MiB)
 
 
 SAVES = [
