@@ -5,10 +5,11 @@ environment, and slurmstepd SIGKILLs the step within about a second of passing i
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any, Optional
 
-from tests.slurm.jobs import PYTHON, MiB, cgwatch_json, sbatch, srun
+from tests.slurm.jobs import PYTHON, STATE, MiB, cgwatch_json, sbatch, srun
 
 ALLOCATE = ("import time\nb = []\nwhile True:\n    b.append(bytearray(32 << 20))\n"
             "    time.sleep(0.05)\n")
@@ -69,7 +70,12 @@ def test_plain_srun_mem_is_asked_of_the_controller_as_sbatch_declares_it() -> No
 
 
 def test_plain_srun_without_scontrol_says_so_and_answers_the_cgroups() -> None:
-    data = json.loads(srun("--mem=300M", "env", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", PYTHON,
+    # PATH is an empty directory of the tier's own, not the system's bin directories: a host
+    # with Debian's slurm-client installed has /usr/bin/scontrol (the job's interpreter is
+    # named by its full path)
+    empty = os.path.join(STATE, "no-scontrol")
+    os.makedirs(empty, exist_ok=True)
+    data = json.loads(srun("--mem=300M", "env", f"PATH={empty}", PYTHON,
                            "-m", "cgwatch", "--json").stdout)
     reason = data["status"]["reason"]
     assert "(scontrol is not on PATH)" in reason, reason
