@@ -31,8 +31,9 @@ def host(tmp_path: Any) -> FakeHost:
     return host
 
 
-def test_version() -> None:
-    proc = run("--version")
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_version(option: str) -> None:
+    proc = run(option)
     assert proc.returncode == 0 and proc.stdout == f"cgwatch {cgwatch.__version__}\n"
 
 

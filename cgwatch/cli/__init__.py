@@ -146,7 +146,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                            "`cgwatch run -- CMD` runs CMD and explains an OOM kill (see "
                            "--help of each). /dev/shm is shown when it is smaller than the "
                            "available memory.", SIZES_HELP, EXIT_HELP))
-    top.add_argument("--version", action="version", version=f"cgwatch {__version__}")
+    top.add_argument("-V", "--version", action="version", version=f"cgwatch {__version__}")
     # Not dest "json": watch's --json is another option, whose default would overwrite this
     # one's value; main rejects this one before a subcommand's name.
     top.add_argument("--json", action="store_true", dest="table_json",
