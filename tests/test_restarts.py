@@ -4,7 +4,7 @@ read from a checkpoint's name, and what follows an attempt given the history of 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
 
@@ -70,22 +70,6 @@ def test_next_attempt(history: list[Attempt], restarts: int, delay: float,
 
 # ---- the loop in cli/run.py, its attempts faked ---------------------------------------------
 
-class _Guarding:
-    def __init__(self, checkpoint: Optional[str]) -> None:
-        self.checkpoint = checkpoint
-
-    def outcome(self, returncode: int, ended_at: float) -> Any:
-        return {"checkpoint": self.checkpoint}
-
-
-class _Ran:
-    def __init__(self, status: int, checkpoint: Optional[str]) -> None:
-        self.status = status
-        self.returncode = 0
-        self.ended_at = 0.0
-        self.guarding = _Guarding(checkpoint)
-
-
 @pytest.mark.parametrize("attempts, restarts, status, restarts_seen, sleeps, last_words", [
     # (run's status, the checkpoint the stop saved) per attempt
     ([(75, "/c/step-000054.json"), (75, "/c/step-000107.json"), (0, None)], 3, 0, [0, 1, 2],
@@ -101,21 +85,21 @@ def test_run_restarting(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
                         last_words: Optional[str]) -> None:
     import argparse
 
-    from cgwatch.cli import run
+    from cgwatch.cli.restarts import Attempt, parse_step
+    from cgwatch.cli.run import run_restarting
 
     seen: list[int] = []
     slept: list[float] = []
     queue = list(attempts)
 
-    def fake_run(args: Any, command: list[str], restart: int = 0) -> Any:
+    def fake_attempt(restart: int) -> Attempt:
         seen.append(restart)
-        return _Ran(*queue.pop(0))
+        status, checkpoint = queue.pop(0)
+        return Attempt(status, parse_step(checkpoint) if checkpoint else None)
 
-    monkeypatch.setattr(run, "_run", fake_run)
-    monkeypatch.setattr(run, "_report", lambda args, command, ran: ran.status)
-    monkeypatch.setattr(run.time, "sleep", slept.append)
     args = argparse.Namespace(restart_delay=0.5, json=False)
-    assert run._run_restarting(args, ["python", "job.py"], restarts) == status
+    assert run_restarting(args, ["python", "job.py"], restarts, attempt=fake_attempt,
+                          sleep=slept.append) == status
     assert (seen, slept) == (restarts_seen, sleeps)
     err = capsys.readouterr().err.strip().splitlines()
     if last_words is None:
@@ -127,10 +111,10 @@ def test_run_restarting(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureF
 @pytest.mark.parametrize("restart, added", [(0, None), (1, "1"), (3, "3")])
 def test_restart_environment(monkeypatch: pytest.MonkeyPatch, restart: int,
                              added: Optional[str]) -> None:
-    from cgwatch.cli.run import _environment
+    from cgwatch.cli.run import child_environment
 
     monkeypatch.delenv("CGWATCH_RESTART", raising=False)
-    env = _environment(None, restart)
+    env = child_environment(None, restart)
     if added is None:
         assert env is None  # the first run's environment is run's own, unchanged
     else:

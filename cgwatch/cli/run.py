@@ -58,7 +58,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..events import Events, Item
 from ..monitor import Monitor
@@ -94,29 +94,42 @@ def run_command(args: argparse.Namespace) -> int:
         if isinstance(ran, int):
             return ran  # CMD could not start (126, 127)
         return _report(args, command, ran)
-    return _run_restarting(args, command, restarts)
+    return run_restarting(args, command, restarts)
 
 
-def _run_restarting(args: argparse.Namespace, command: list[str], restarts: int) -> int:
+def run_restarting(args: argparse.Namespace, command: list[str], restarts: int,
+                   attempt: Optional[Callable[[int], Union[int, Attempt]]] = None,
+                   sleep: Callable[[float], None] = time.sleep) -> int:
     """`--restarts N`: run CMD, and again after each save while restarts.next_attempt says
-    so; the last attempt's status."""
+    so; the last attempt's status. `attempt(k)` runs the k-th (0: the first) and reports it
+    (default: CMD for real); an int from it is a CMD that could not start (126, 127)."""
     delay = args.restart_delay if args.restart_delay is not None else DEFAULT_RESTART_DELAY
     name = os.path.basename(command[0])
+    run_once = attempt if attempt is not None else (
+        lambda restart: _attempt(args, command, restart))
     history: list[Attempt] = []
     while True:
-        ran = _run(args, command, restart=len(history))
-        if isinstance(ran, int):
-            return ran  # CMD could not start (126, 127)
-        status = _report(args, command, ran)
-        outcome = ran.guarding.outcome(ran.returncode, ran.ended_at) if ran.guarding else None
-        history.append(Attempt(status, parse_step(outcome["checkpoint"]) if outcome else None))
+        done = run_once(len(history))
+        if isinstance(done, int):
+            return done
+        history.append(done)
         after = next_attempt(history, restarts, delay, name)
         if after.line:
             print(json.dumps({"restarts": after.line}) if args.json else after.line,
                   file=sys.stderr, flush=True)
         if after.delay is None:
-            return status
-        time.sleep(after.delay)
+            return done.status
+        sleep(after.delay)
+
+
+def _attempt(args: argparse.Namespace, command: list[str], restart: int) -> Union[int, Attempt]:
+    """One run of CMD under --restarts, reported: its status and the step its save named."""
+    ran = _run(args, command, restart=restart)
+    if isinstance(ran, int):
+        return ran  # CMD could not start (126, 127)
+    status = _report(args, command, ran)
+    outcome = ran.guarding.outcome(ran.returncode, ran.ended_at) if ran.guarding else None
+    return Attempt(status, parse_step(outcome["checkpoint"]) if outcome else None)
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -185,7 +198,7 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
             try:
-                proc = subprocess.Popen(command, env=_environment(guarding, restart))
+                proc = subprocess.Popen(command, env=child_environment(guarding, restart))
             except FileNotFoundError:
                 print(f"cgwatch run: {command[0]}: command not found", file=sys.stderr)
                 return 127
@@ -209,7 +222,7 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
     return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at)
 
 
-def _environment(guarding: Optional[GuardThread], restart: int) -> Optional[dict[str, str]]:
+def child_environment(guarding: Optional[GuardThread], restart: int) -> Optional[dict[str, str]]:
     """CMD's environment: ours (None), with the guard's additions and CGWATCH_RESTART."""
     env = guarding.environment() if guarding is not None else None
     if restart:
