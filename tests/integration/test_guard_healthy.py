@@ -88,7 +88,7 @@ def test_adapter_defaults_never_stop_a_healthy_job(tree: Tree, env: dict[str, st
 
 RUN_LIMIT = 1280 * MiB  # `run` (~30 MiB), torch + transformers (~400 MiB) and the sawtooth
 SAW_MIB = 450  # 35 % of RUN_LIMIT
-RUN_STEPS = 120  # ~0.2 s each (a 50 ms sleep; the temporary): 20-30 s
+RUN_STEPS = 150  # ~0.15 s each (a 50 ms sleep, the temporary): 20-30 s
 
 SCRIPT = textwrap.dedent("""
     # A user's script, as written without cgwatch in mind (no SIGTERM handler): torch and
@@ -131,6 +131,10 @@ def test_run_guard_defaults_let_a_torch_script_run_to_its_end(
     script.write_text(SCRIPT)
     argv = [sys.executable, "-m", "cgwatch", "run", "--guard", "--", sys.executable,
             str(script), str(RUN_STEPS), str(SAW_MIB), usage_file(cgroup, tree.version)]
+    # One OpenMP thread, as the ranks of test_guard_training's launcher: torch's default two
+    # spin against the other jobs of a loaded 2-core machine (the same 120 steps: 17 s with
+    # one, 77-130 s with two at load 4-5).
+    env = dict(env, OMP_NUM_THREADS="1")
     proc = tree.spawn(cgroup, f"import sys\nos.execv(sys.executable, {argv!r})\n", env=env)
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
