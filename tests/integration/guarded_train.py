@@ -2,7 +2,7 @@
 run by tests/integration/test_guard_training.py and test_guard_ranks_trainers.py in
 memory-limited cgroups.
 
-    python guarded_train.py FRAMEWORK MODE STEPS OUT [LEAK_MIB]
+    python guarded_train.py FRAMEWORK MODE STEPS OUT [LEAK_MIB | SHAPE_MIB]
 
 FRAMEWORK: plain (a PyTorch loop with DDP; run it as two ranks), hf (transformers' Trainer
 with cgwatch.integrations.transformers.GuardCallback), lightning (with
@@ -12,7 +12,11 @@ MODE: guard (leak + guard: saves and exits with the guard's status), onerank (pl
 no leak: the last rank's guard has a reserve above any limit, the others none), onecgroup
 (hf, lightning, deepspeed as two ranks: leak + guard, the leak and a limited cgroup on one
 rank only, below), control (leak, no guard: the kernel kills it), reference (no leak, no
-guard, STEPS steps), resume (from the checkpoint the guard run wrote, up to STEPS). Every
+guard, STEPS steps), resume (from the checkpoint the guard run wrote, up to STEPS), and the
+healthy shapes (hf and lightning, no leak, the adapter's GuardCallback() with its documented
+defaults, STEPS steps): sawtooth (a temporary of SHAPE_MIB MiB, written at every
+SAW_PERIOD-th step, kept for half the period, then freed) and step (SHAPE_MIB MiB written
+at step STEP_AT and kept to the end: a plateau). Every
 step's loss, the guard's verdict and the checkpoint go to OUT/<mode>-rank<r>.json before the
 process exits. The models are built here (nothing is downloaded); the data are seeded random
 numbers.
@@ -26,6 +30,9 @@ to OUT/onecgroup-rank<r>.log (a launcher's streams are shared). The
 rank is $RANK (torchrun) or $LOCAL_RANK (Lightning's own launcher sets only that); the world
 size $WORLD_SIZE, or $GUARDTEST_WORLD where nothing sets it yet (Lightning's first process).
 Each rank's exit status also goes to OUT/<mode>-rank<r>.status as it starts to leave.
+In the healthy shapes, the highest usage of $GUARDTEST_USAGE (a cgroup's usage file) read
+while the shape is at its top goes to the result as `peak_usage`: what the test's limit
+leaves free at the job's highest.
 """
 
 from __future__ import annotations
@@ -41,8 +48,12 @@ BATCH = 8
 SAMPLES = 800
 GUARD = {"reserve": "12%", "checkpoint_seconds": 1.0, "interval": 0.2}
 SYNC_EVERY = 2  # the plain loop's two ranks agree every other step
+HEALTHY = ("sawtooth", "step")  # modes with the adapters' documented defaults and no leak
+SAW_PERIOD = 6  # sawtooth: the temporary is written at step 1, 7, 13, ... and freed 3 later
+STEP_AT = 3  # step: the allocation kept from this step on
 
 _leaked: list[bytes] = []
+_temporary: list[bytes] = []  # the healthy shapes' memory
 
 
 class Job:
@@ -57,19 +68,51 @@ class Job:
         if mode == "onecgroup":
             leaking = self.rank == int(os.environ["GUARDTEST_CGROUP_RANK"])
         self.leak_bytes = leak_mib << 20 if leaking else 0
+        self.shape_bytes = leak_mib << 20 if mode in HEALTHY else 0
+        self.done_steps = 0
+        self.usage_file = os.environ.get("GUARDTEST_USAGE")
+        self.peak_usage = 0
         self.losses: dict[int, float] = {}
         self.result: dict[str, Any] = {"framework": framework, "mode": mode,
                                        "rank": self.rank, "world": self.world}
         self.checkpoint = os.path.join(out, f"{framework}-checkpoint")
 
     def step_done(self) -> None:
-        """After every optimizer step: the leak, and the pace of a real step."""
+        """After every optimizer step: the leak or the healthy shape, and the pace of a real
+        step."""
+        self.done_steps += 1
+        if self.done_steps == 1:
+            self.result["started"] = time.monotonic()
         if self.leak_bytes:
             _leaked.append(b"\x01" * self.leak_bytes)
+        if self.shape_bytes:
+            self.shape(self.done_steps)
         time.sleep(STEP_SECONDS)
+
+    def shape(self, step: int) -> None:
+        """The healthy shapes: written bytes (so charged), no growth."""
+        if self.mode == "sawtooth":
+            phase = (step - 1) % SAW_PERIOD
+            if phase == 0:
+                _temporary.append(b"\x02" * self.shape_bytes)
+                self.read_peak()
+            elif phase == SAW_PERIOD // 2:
+                _temporary.clear()
+        elif step == STEP_AT:
+            _temporary.append(b"\x03" * self.shape_bytes)
+        if self.mode == "step" and step >= STEP_AT and step % SAW_PERIOD == 0:
+            self.read_peak()
+
+    def read_peak(self) -> None:
+        if self.usage_file:
+            with open(self.usage_file) as f:
+                self.peak_usage = max(self.peak_usage, int(f.read()))
 
     def write(self, verdict: Any = None, **extra: Any) -> None:
         self.result["losses"] = {str(k): v for k, v in sorted(self.losses.items())}
+        self.result["steps_done"] = self.done_steps
+        self.result["peak_usage"] = self.peak_usage
+        self.result["train_seconds"] = time.monotonic() - self.result.get("started", 0.0)
         if verdict is not None:
             self.result["verdict"] = {
                 "stop": verdict.stop, "trigger": verdict.trigger, "level": verdict.level,
@@ -196,6 +239,9 @@ def hf(job: Job) -> None:
     if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(**GUARD)
         callbacks.append(guard)
+    elif job.mode in HEALTHY:
+        guard = GuardCallback()  # the documented defaults
+        callbacks.append(guard)
     trainer = Recording(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     resume = job.result["resumed_from"] = _last_hf_checkpoint(job.checkpoint) \
         if job.mode == "resume" else None
@@ -249,6 +295,9 @@ def lightning(job: Job) -> None:
     guard = None
     if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(dirpath=job.checkpoint, **GUARD)
+        callbacks.append(guard)
+    elif job.mode in HEALTHY:
+        guard = GuardCallback()  # the documented defaults
         callbacks.append(guard)
     # Two ranks as Lightning's users run them on the CPU: it starts rank 1 itself
     # (docs/guard.md, "What the adapters rely on").
