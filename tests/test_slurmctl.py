@@ -26,9 +26,13 @@ LINE = ("JobId={job} JobName=sh UserId=root(0) NumNodes=1 NumCPUs=1 NumTasks=1 C
 def fake_scontrol(tmp_path: Path, body: str) -> dict[str, str]:
     """An environment whose PATH finds `scontrol` = this shell script body (it appends its
     arguments to tmp_path/calls)."""
-    path = tmp_path / "scontrol"
-    path.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/calls\n{body}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    # Written beside and renamed into place: a script rewritten in place can be executed
+    # while a thread's fork still holds the writer's descriptor (exec fails with ETXTBSY;
+    # test_a_shared_failure_is_asked_again_after_the_back_off failed 2 runs in ~15 so).
+    path, new = tmp_path / "scontrol", tmp_path / "scontrol.new"
+    new.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/calls\n{body}\n")
+    new.chmod(new.stat().st_mode | stat.S_IXUSR)
+    os.replace(new, path)
     return {"PATH": f"{tmp_path}:{os.environ.get('PATH', '')}", "SLURM_CPUS_ON_NODE": "1"}
 
 
