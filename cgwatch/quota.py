@@ -30,10 +30,10 @@ a burst counts once per FRESH seconds, not once per process (`take_counted`).
 from __future__ import annotations
 
 import os
-import stat
 
 from .envswitch import switch_off
 from .frozen import Frozen, fill
+from .ownfile import open_own
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -247,27 +247,8 @@ def shared_name(uid: int) -> str:
 def open_shared(uid: int, environ: Mapping[str, str],
                 dirs: Sequence[str] = SHARED_DIRS) -> int:
     """The per-uid file, opened read-write (made 0600 if missing), or -1 if no directory of
-    SHARED_DIRS holds one that is ours: a regular file owned by `uid` and open to no one else
-    (another user could make the name first, to mislead us or to stop us)."""
-    name = shared_name(uid)
-    for directory in dirs:
-        if directory.startswith("$"):
-            directory = environ.get(directory[1:], "")
-            if not directory.startswith("/"):
-                continue
-        try:
-            fd = os.open(os.path.join(directory, name),
-                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_uid == uid and stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077:
-                return fd
-        except OSError:
-            pass
-        os.close(fd)
-    return -1
+    SHARED_DIRS holds one that is ours (ownfile.open_own)."""
+    return open_own(shared_name(uid), uid, environ, dirs)[0]
 
 
 def take_counted(init: Callable[[], int], limit: int, now: float,

@@ -41,6 +41,7 @@ import threading
 import time
 
 from .frozen import replace
+from .ownfile import open_own
 from .slurm import (
     Declared,
     SharedAnswer,
@@ -213,28 +214,9 @@ def shared_name(job: int, uid: int) -> str:
 def open_shared(job: int, uid: int, environ: Mapping[str, str],
                 dirs: Sequence[str] = SHARED_DIRS) -> tuple[int, str]:
     """The job's shared answer file, opened read-write (made 0600 if missing), and its
-    directory; (-1, "") if no directory holds one that is ours alone: another user could make
-    the name first, to give us a wrong limit or to stop us."""
-    import stat
-
-    for directory in dirs:
-        if directory.startswith("$"):
-            directory = environ.get(directory[1:], "")
-            if not directory.startswith("/"):
-                continue
-        try:
-            fd = os.open(os.path.join(directory, shared_name(job, uid)),
-                         os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if st.st_uid == uid and stat.S_ISREG(st.st_mode) and not st.st_mode & 0o077:
-                return fd, directory
-        except OSError:
-            pass
-        os.close(fd)
-    return -1, ""
+    directory; (-1, "") if no directory holds one that is ours alone (ownfile.open_own):
+    another user could make the name first, to give us a wrong limit or to stop us."""
+    return open_own(shared_name(job, uid), uid, environ, dirs)
 
 
 def _prune(directory: str, uid: int, job: int) -> None:

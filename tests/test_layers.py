@@ -67,6 +67,7 @@ LAYER = {
     "cgwatch.inotify": "I/O edges",
     "cgwatch.notify": "I/O edges",
     "cgwatch.quota": "I/O edges",
+    "cgwatch.ownfile": "I/O edges",
     "cgwatch.proclimits": "I/O edges",
     "cgwatch.slurmctl": "I/O edges",
     "cgwatch.shm": "I/O edges",
