@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from bench import campaign_shapes as shapes
+from bench.cgroups import remove_cgroup
 
 MiB = shapes.MiB
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -127,24 +128,8 @@ class Cgroups:
         return int(counters.get("oom_kill", 0)), int(_read(path, "memory.failcnt"))
 
     def remove(self, path: str) -> None:
-        for _ in range(100):
-            try:
-                pids = _read(path, "cgroup.procs").split()
-            except OSError:
-                return
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
-            try:
-                os.rmdir(path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)  # members still exiting
-        print(f"campaign: could not remove {path}", file=sys.stderr)
+        if not remove_cgroup(path):
+            print(f"campaign: could not remove {path}", file=sys.stderr)
 
     def stop(self) -> None:
         """Kill every job started and start no more (Ctrl-C, a failure)."""

@@ -154,15 +154,22 @@ class Tree:
             except Exception:
                 pass
         for path in reversed(self.made):
-            _kill_members(path)
-            for _ in range(50):
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)  # members still exiting
+            remove_cgroup(path, tries=50)
+
+
+def remove_cgroup(path: str, tries: int = 100) -> bool:
+    """Kill every process in the cgroup `path` and remove it, trying `tries` times 0.1 s apart
+    (members still exiting keep it busy); whether it is gone."""
+    for _ in range(tries):
+        _kill_members(path)
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.1)  # members still exiting
+    return False
 
 
 def _kill_members(path: str) -> None:
