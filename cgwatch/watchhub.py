@@ -125,7 +125,7 @@ class Hub:
                 return
             now = time.monotonic()
             if self._refusal is not None and now < self._next_try:
-                raise self._refusal
+                raise _bare(self._refusal)
             # The spread from the clock's microseconds: `random` costs ~1 ms to import.
             spread = time.monotonic_ns() // 1000 % 1000 / 1000
             limit = quota.read_limit()
@@ -135,12 +135,12 @@ class Hub:
                 # Another process of the uid is deciding: no refusal, try again at the next
                 # retry (the tracker's, >= 1 s), never wait for its lock here (a query).
                 self._next_try = now + 0.5 + spread
-                self._refusal = e
+                self._refusal = _bare(e)
                 raise
             except WatchUnavailable as e:  # EMFILE too: none left, back off the same
                 self._refusals += 1
                 self._next_try = now + quota.backoff(self._refusals, spread)
-                self._refusal = e
+                self._refusal = _bare(e)
                 raise
             try:
                 epoll = select.epoll(1)
@@ -412,3 +412,14 @@ def _release_all_at_exit() -> None:
                 release()
             except Exception:  # noqa: BLE001 - the shutdown goes on whatever happens
                 pass
+
+
+def _bare(error: WatchUnavailable) -> WatchUnavailable:
+    """A copy of a refusal without traceback, cause or context, to keep and to raise again.
+    The refusal is kept for the back-off; kept as raised, its traceback held the frames of
+    the monitor that asked (its tracker, snapshot and kept descriptors), so a closed
+    monitor's descriptors stayed open until the next refusal replaced it (16 of a fake
+    tree's, seen in tests/test_lifecycle.py while other processes of the uid held the
+    count's lock: QuotaBusy); each raise of the kept one would bind it to new frames."""
+    return type(error)(*error.args)
+
