@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from bench import campaign_shapes as shapes
-from bench.cgroups import remove_cgroup
+from bench.cgroups import remove_cgroup, write
 
 MiB = shapes.MiB
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -154,11 +154,7 @@ def _read(directory: str, name: str) -> str:
 
 def _write(path: str, value: str, quiet: bool = False) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
+        write(path, value)
     except OSError:
         if not quiet:
             raise
