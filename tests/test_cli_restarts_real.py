@@ -38,11 +38,19 @@ def tree() -> Iterator[Tree]:
         yield t
 
 
+def prepared(tree: Tree, tmp_path: object) -> tuple[str, str, str]:
+    """The job's cgroup (128 MiB), its checkpoint directory and its step log."""
+    job = tree.make("job", limit=128 * MiB)
+    directory = os.path.join(str(tmp_path), "ckpt")
+    os.mkdir(directory)
+    return job, directory, os.path.join(str(tmp_path), "steps.log")
+
+
 def run_restarting(tree: Tree, cgroup: str, directory: str, log: str,
-                   job: tuple[str, ...]) -> tuple[int, str, str]:
+                   job: tuple[str, ...], options: tuple[str, ...] = ()) -> tuple[int, str, str]:
     argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--checkpoint-seconds",
             "2", "--checkpoint-dir", directory, "--restarts", "3", "--restart-delay", "0.5",
-            "--", sys.executable, JOB, "--dir", directory, "--log", log, *job]
+            *options, "--", sys.executable, JOB, "--dir", directory, "--log", log, *job]
     proc = tree.spawn(cgroup, f"import sys\nos.execv(sys.executable, {argv!r})\n")
     out, err = proc.communicate(timeout=400)
     print(err)  # the transcript (pytest -s shows it; a failure shows it always)
@@ -67,10 +75,7 @@ def logged(log: str) -> list[tuple[int, int, float]]:
 
 def test_restarts_outrun_a_leak_that_restarts_with_the_job(tree: Tree,
                                                            tmp_path: object) -> None:
-    job = tree.make("job", limit=128 * MiB)
-    directory = os.path.join(str(tmp_path), "ckpt")
-    os.mkdir(directory)
-    log = os.path.join(str(tmp_path), "steps.log")
+    job, directory, log = prepared(tree, tmp_path)
     status, out, err = run_restarting(
         tree, job, directory, log,
         ("--steps", str(STEPS), "--step-seconds", "0.2", "--leak-mib", "1.6"))
@@ -99,10 +104,7 @@ def test_restarts_outrun_a_leak_that_restarts_with_the_job(tree: Tree,
 def test_restarts_end_at_the_same_stop(tree: Tree, tmp_path: object) -> None:
     """From step 20 the job needs 200 MiB held: more than its 128 MiB limit, at every
     restart. The second stop at step 20 ends the run with 75, 2 restarts unused."""
-    job = tree.make("job", limit=128 * MiB)
-    directory = os.path.join(str(tmp_path), "ckpt")
-    os.mkdir(directory)
-    log = os.path.join(str(tmp_path), "steps.log")
+    job, directory, log = prepared(tree, tmp_path)
     status, out, err = run_restarting(
         tree, job, directory, log,
         ("--steps", "60", "--step-seconds", "0.05", "--need-at", "20", "--need-mib", "200"))
@@ -117,3 +119,68 @@ def test_restarts_end_at_the_same_stop(tree: Tree, tmp_path: object) -> None:
                         r"that point; exit 75 after 1 restart", last), err
     assert [s for _, s, _ in logged(log)] == list(range(20))
     assert "resumed at step 20\nrestart 1\nsaved 20\n" in out
+
+
+def test_the_whole_life_in_one_picture_and_one_report(tree: Tree, tmp_path: object) -> None:
+    """`--plot`, `--json` and `--report` under --restarts (issue 25 item 5): the leak above
+    for 70 steps (~54 a life): one stop, one restart, the finish. The report is one object
+    for the whole life: both attempts with their statuses, the final status, and one
+    timeline (the data the picture draws) with each rise, the stop, the restart and the
+    finish on one time axis."""
+    pytest.importorskip("matplotlib")  # the plot extra (the dev extra has it)
+    job, directory, log = prepared(tree, tmp_path)
+    picture = os.path.join(str(tmp_path), "life.png")
+    report = os.path.join(str(tmp_path), "life.json")
+    status, out, err = run_restarting(
+        tree, job, directory, log,
+        ("--steps", "70", "--step-seconds", "0.2", "--leak-mib", "1.6"),
+        ("--json", "--plot", picture, "--report", report))
+    assert status == 0, err
+    assert oom_kills(job, tree.version) == 0
+    with open(report) as f:
+        data = json.load(f)
+    assert json.loads(err.rstrip().splitlines()[-1]) == data  # --json prints what --report has
+    assert (data["type"], data["exit_status"], data["restarts_made"]) == (
+        "run_restarts", 0, 1), err
+    first, second = data["attempts"]
+    step = first["step"]
+    assert 20 <= step < 70, err
+    assert (first["restart"], first["signal"], first["exit_status"],
+            first["guard"]["saved"]) == (0, None, 75, True)
+    assert " saved and exited 0 " in first["guard"]["outcome"]
+    assert first["guard"]["checkpoint"].endswith(f"step-{step:06d}.json")
+    assert first["next"] == (f"cgwatch run: restart 1 of 3 from step {step} in 0.5 s "
+                             f"(CGWATCH_RESTART=1)")
+    assert (second["restart"], second["exit_status"], second["guard"]) == (1, 0, None)
+    assert data["end"] == second["next"]
+    assert data["end"].endswith(" ended with exit 0 after 1 restart"), data["end"]
+    assert "timeline" not in first and "timeline" not in second  # one, for the whole life
+    assert [s for _, s, _ in logged(log)] == list(range(70))
+
+    timeline = data["timeline"]
+    marks = [m for m in timeline["marks"] if m["kind"] != "event"]
+    assert [(m["kind"], m["label"]) for m in marks] == [
+        ("guard", marks[0]["label"]), ("exit", "exit 0 (saved: 75)"),
+        ("restart", f"restart 1 from step {step}"), ("exit", "exit 0")], marks
+    guard, stopped, restart, finish = (m["time"] for m in marks)
+    assert first["started"] == 0.0 < guard < stopped <= first["ended"] < restart
+    assert restart <= second["started"] < finish <= second["ended"]
+    times = timeline["times"]
+    assert times == sorted(times) and times[-1] > second["started"]
+    names = [n for n in timeline["columns"] if n.startswith("usage:") and n.endswith("/job")]
+    assert len(names) == 1, list(timeline["columns"])
+    usage = list(zip(times, timeline["columns"][names[0]]))
+
+    def during(begin: float, end: float) -> list[int]:
+        return [v for t, v in usage if begin <= t <= end and v is not None]
+
+    # Each rise and the fall between: the first life climbs toward the limit, the exit
+    # gives its leak back, the second life climbs again from there.
+    first_life, second_life = during(0.0, stopped), during(second["started"], finish)
+    assert max(first_life) > 90 * MiB, first_life
+    assert min(second_life[:4]) < max(first_life) - 40 * MiB, second_life
+    assert max(second_life) > min(second_life[:4]) + 16 * MiB, second_life
+
+    with open(picture, "rb") as f:
+        content = f.read()
+    assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 10_000

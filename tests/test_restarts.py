@@ -120,3 +120,89 @@ def test_restart_environment(monkeypatch: pytest.MonkeyPatch, restart: int,
     else:
         assert env is not None and env["CGWATCH_RESTART"] == added
         assert {k: v for k, v in env.items() if k != "CGWATCH_RESTART"} == dict(os.environ)
+
+
+# ---- the whole life's report and picture (issue 25 item 5) ----------------------------------
+
+def _attempt_report(restart: int, status: int) -> dict[str, object]:
+    """A single run's report as --restarts keeps it (cli/run.py _attempt), cut to what the
+    life's report looks at."""
+    return {"type": "run", "exit_status": status, "restart": restart}
+
+
+@pytest.mark.parametrize("statuses, decisions, status, made, end", [
+    # one attempt that finished: no line was said, no restart made
+    ([0], [""], 0, 0, ""),
+    # the leak that restarts with the job (tests/test_cli_restarts_real.py): two stops, a finish
+    ([75, 75, 0], ["cgwatch run: restart 1 of 3 from step 53 in 0.5 s (CGWATCH_RESTART=1)",
+                   "cgwatch run: restart 2 of 3 from step 106 in 1 s (CGWATCH_RESTART=2)",
+                   "cgwatch run: python ended with exit 0 after 2 restarts"], 0, 2,
+     "cgwatch run: python ended with exit 0 after 2 restarts"),
+    # the same stop twice: 75 with restarts left
+    ([75, 75], ["cgwatch run: restart 1 of 3 from step 20 in 0.5 s (CGWATCH_RESTART=1)",
+                "cgwatch run: the same stop twice: ..."], 75, 1,
+     "cgwatch run: the same stop twice: ..."),
+    # restart 1 could not start (the program was removed meanwhile): one decision more
+    ([75], ["cgwatch run: restart 1 of 3 from step 5 in 1 s (CGWATCH_RESTART=1)",
+            "cgwatch run: job could not start (exit 127)"], 127, 1,
+     "cgwatch run: job could not start (exit 127)"),
+])
+def test_life_report(statuses: list[int], decisions: list[str], status: int, made: int,
+                     end: str) -> None:
+    from cgwatch.cli.run import life_report
+
+    attempts = [_attempt_report(k, s) for k, s in enumerate(statuses)]
+    timeline = {"times": [0.0, 1.0], "columns": {}, "marks": []}
+    data = life_report(["job"], attempts, decisions, status, 3, timeline)
+    assert data["type"] == "run_restarts" and data["command"] == ["job"]
+    assert (data["exit_status"], data["restarts_made"], data["restarts_allowed"]) == (
+        status, made, 3)
+    assert data["end"] == end
+    assert data["timeline"] is timeline  # one timeline for the whole life, not one per attempt
+    assert [(a["restart"], a["exit_status"]) for a in data["attempts"]] == list(
+        enumerate(statuses))
+    assert [a["next"] for a in data["attempts"]] == decisions[:len(statuses)]
+
+
+@pytest.mark.parametrize("restart, step, label", [
+    (1, 53, "restart 1 from step 53"),
+    (2, None, "restart 2"),           # no step in the checkpoint's name
+    (3, 0, "restart 3 from step 0"),  # saved before its first step
+])
+def test_restart_label(restart: int, step: Optional[int], label: str) -> None:
+    from cgwatch.cli.run import restart_label
+
+    assert restart_label(restart, step) == label
+
+
+@pytest.mark.parametrize("returncode, status, label", [
+    (0, None, "exit 0"),                     # no guard
+    (0, 0, "exit 0"),                        # the guard did not fire: it finished
+    (0, 75, "exit 0 (saved: 75)"),           # saved after the guard's signal
+    (75, 75, "exit 75"),                     # said so itself
+    (-9, 137, "killed by SIGKILL"),
+    (-15, 143, "killed by SIGTERM"),         # no handler: nothing saved
+])
+def test_end_label(returncode: int, status: Optional[int], label: str) -> None:
+    from cgwatch.cli.run import end_label
+
+    assert end_label(returncode, status) == label
+
+
+def _mark(t: float, kind: str) -> dict[str, object]:
+    return {"time": t, "kind": kind, "label": kind}
+
+
+@pytest.mark.parametrize("marks, start, end, spans", [
+    ([], 0.0, 9.0, [(0.0, 9.0)]),                                   # a single run
+    ([_mark(2.0, "event"), _mark(5.0, "guard"), _mark(5.2, "exit")], 0.0, 6.0,
+     [(0.0, 6.0)]),                                                 # stopped, not restarted
+    ([_mark(10.5, "guard"), _mark(10.7, "exit"), _mark(11.4, "restart"),
+      _mark(22.0, "guard"), _mark(22.2, "exit"), _mark(23.3, "restart"), _mark(30.0, "exit")],
+     0.0, 30.1, [(0.0, 11.4), (11.4, 23.3), (23.3, 30.1)]),         # two restarts, a finish
+])
+def test_attempt_spans(marks: list[dict[str, object]], start: float, end: float,
+                       spans: list[tuple[float, float]]) -> None:
+    from cgwatch.cli.plot import attempt_spans
+
+    assert attempt_spans(marks, start, end) == spans

@@ -89,6 +89,7 @@ class Recorder:
             self.timeline.mark(self.now(), kind, label, final, **extra)
 
     def start(self) -> None:
+        self._stop.clear()  # started again: `run --restarts` records every attempt
         self.sample()
         self._thread = threading.Thread(target=self._run, name="cgwatch-plot", daemon=True)
         self._thread.start()
@@ -127,21 +128,30 @@ def _levels(columns: dict[str, Any]) -> list[str]:
 
 
 MARK_COLOURS = {"event": "tab:orange", "guard": "tab:purple", "exit": "tab:red",
-                "forecast": "tab:olive"}
+                "forecast": "tab:olive", "restart": "tab:cyan"}
 
 
 def _grouped(marks: list[dict[str, Any]], gap: float) -> list[tuple[float, str, str]]:
     """Marks closer than `gap` seconds to the group's first as one label (time, the kind of
-    the weightiest mark: exit, guard, event; the labels joined)."""
-    order = {"exit": 0, "guard": 1}
+    the weightiest mark: exit, guard, restart, event; the labels joined)."""
+    order = {"exit": 0, "guard": 1, "restart": 2}
     groups: list[list[dict[str, Any]]] = []
     for mark in sorted(marks, key=lambda m: m["time"]):
         if groups and mark["time"] - groups[-1][0]["time"] < gap:
             groups[-1].append(mark)
         else:
             groups.append([mark])
-    return [(g[0]["time"], min(g, key=lambda m: order.get(m["kind"], 2))["kind"],
+    return [(g[0]["time"], min(g, key=lambda m: order.get(m["kind"], 3))["kind"],
              ", ".join(m["label"] for m in g)) for g in groups]
+
+
+def attempt_spans(marks: list[dict[str, Any]], start: float,
+                  end: float) -> list[tuple[float, float]]:
+    """The attempts of a `run --restarts` life as (from, to) times, split at its "restart"
+    marks; one span from `start` to `end` when there is none."""
+    cuts = sorted(m["time"] for m in marks if m["kind"] == "restart")
+    edges = [start, *cuts, end]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def write_plot(path: str, data: dict[str, Any], title: str) -> Optional[str]:
@@ -172,6 +182,10 @@ def write_plot(path: str, data: dict[str, Any], title: str) -> Optional[str]:
                     linewidth=4.0 if kind == "usage" else 1.4,
                     alpha=0.35 if kind == "usage" else 1.0,
                     drawstyle="steps-post" if kind in ("limit", "high") else "default")
+        if times:
+            # every other attempt shaded: where one life ends and the next begins
+            for begin, end in attempt_spans(data["marks"], times[0], times[-1])[1::2]:
+                ax.axvspan(begin, end, color="tab:cyan", alpha=0.07, linewidth=0)
         mine = [m for m in data["marks"] if m.get("cgroup_path") in (None, level)]
         for mark in mine:
             ax.axvline(mark["time"], color=MARK_COLOURS.get(mark["kind"], "grey"),

@@ -43,8 +43,13 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   `is_torchrun` says why).
 - `--restarts N` (with --guard): an attempt that would exit 75 is run again, up to N times,
   with a doubling back-off and CGWATCH_RESTART=k; a stop at the same step twice ends the
-  restarts (restarts.py has the rules). Each attempt gets its own guard and its own lines;
-  --report and --plot hold the last attempt.
+  restarts (restarts.py has the rules). Each attempt gets its own guard and its own lines.
+  One recorder spans every attempt, so `--plot` draws the whole life on one time axis: each
+  rise, each stop, each restart (a mark "restart k from step S") and the finish. `--json` and
+  `--report` give one object for the whole life (life_report): the attempts, each its
+  single-run report without the timeline, then the final status and the one timeline. One
+  object, not one per attempt, because `--report FILE` holds one object and `--json` prints
+  what `--report` writes; the `{"restarts": line}` lines still come as each decision is made.
 """
 
 from __future__ import annotations
@@ -105,31 +110,98 @@ def run_restarting(args: argparse.Namespace, command: list[str], restarts: int,
     (default: CMD for real); an int from it is a CMD that could not start (126, 127)."""
     delay = args.restart_delay if args.restart_delay is not None else DEFAULT_RESTART_DELAY
     name = os.path.basename(command[0])
+    life = _Life()
     run_once = attempt if attempt is not None else (
-        lambda restart: _attempt(args, command, restart))
+        lambda restart: _attempt(args, command, restart, life))
     history: list[Attempt] = []
+    decisions: list[str] = []
     while True:
         done = run_once(len(history))
         if isinstance(done, int):
-            return done
+            status = done  # CMD could not start (126, 127)
+            decisions.append(f"cgwatch run: {name} could not start (exit {done})")
+            break
         history.append(done)
         after = next_attempt(history, restarts, delay, name)
+        decisions.append(after.line)
         if after.line:
             print(json.dumps({"restarts": after.line}) if args.json else after.line,
                   file=sys.stderr, flush=True)
         if after.delay is None:
-            return done.status
+            status = done.status
+            break
         sleep(after.delay)
+    _report_life(args, command, restarts, life, decisions, status)
+    return status
 
 
-def _attempt(args: argparse.Namespace, command: list[str], restart: int) -> Union[int, Attempt]:
-    """One run of CMD under --restarts, reported: its status and the step its save named."""
-    ran = _run(args, command, restart=restart)
+class _Life:
+    """What `--restarts` keeps across attempts: the one recorder (made by the first attempt,
+    handed to the next: one time axis) and each attempt's report."""
+
+    def __init__(self) -> None:
+        self.recorder: Optional[Recorder] = None
+        self.attempts: list[dict[str, Any]] = []
+        self.step: Optional[int] = None  # the step the last stop saved
+
+
+def _attempt(args: argparse.Namespace, command: list[str], restart: int,
+             life: _Life) -> Union[int, Attempt]:
+    """One run of CMD under --restarts: its lines as a single run's (text mode), its report
+    kept in `life`; its status and the step its save named."""
+    recorder = life.recorder
+    started = 0.0
+    if recorder is not None:
+        recorder.mark("restart", restart_label(restart, life.step), final=True)
+        started = recorder.now()
+    ran = _run(args, command, restart=restart, recorder=recorder)
     if isinstance(ran, int):
         return ran  # CMD could not start (126, 127)
-    status = _report(args, command, ran)
-    outcome = ran.guarding.outcome(ran.returncode, ran.ended_at) if ran.guarding else None
-    return Attempt(status, parse_step(outcome["checkpoint"]) if outcome else None)
+    life.recorder = ran.recorder
+    status, data, outcome = _build_report(args, command, ran)
+    if not args.json:
+        _say(outcome, ran.cause)
+    step = parse_step(outcome["checkpoint"]) if outcome else None
+    life.step = step
+    if data:
+        data.pop("timeline", None)  # the life's one timeline is in life_report
+        # on the timeline's clock, unrounded as its marks are
+        data.update(restart=restart, step=step, started=started,
+                    ended=ran.recorder.now() if ran.recorder else None)
+        life.attempts.append(data)
+    return Attempt(status, step)
+
+
+def restart_label(restart: int, step: Optional[int]) -> str:
+    """The picture's mark at restart k's start (pure)."""
+    return f"restart {restart}" + (f" from step {step}" if step is not None else "")
+
+
+def life_report(command: list[str], attempts: list[dict[str, Any]], decisions: list[str],
+                status: int, restarts: int, timeline: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """`--json` / `--report` under --restarts, pure: one object for the whole life.
+    `attempts`: each attempt's single-run report (oldest first); `decisions`: the line said
+    after each ("" for none; one more than `attempts` when the last could not start)."""
+    joined = [{**data, "next": line} for data, line in zip(attempts, decisions)]
+    return {"type": "run_restarts", "command": command, "exit_status": status,
+            "restarts_allowed": restarts, "restarts_made": max(0, len(decisions) - 1),
+            "end": decisions[-1] if decisions else "",
+            "attempts": joined, "timeline": timeline}
+
+
+def _report_life(args: argparse.Namespace, command: list[str], restarts: int, life: _Life,
+                 decisions: list[str], status: int) -> None:
+    """After the last attempt: the life's one report (--json, --report) and picture."""
+    timeline = life.recorder.as_dict() if life.recorder is not None else None
+    json_wanted = getattr(args, "json", False) or getattr(args, "report", None)
+    if json_wanted and life.attempts:
+        data = life_report(command, life.attempts, decisions, status, restarts, timeline)
+        if getattr(args, "report", None):
+            write_report(args.report, data)
+        if getattr(args, "json", False):
+            print(json.dumps(data), file=sys.stderr, flush=True)
+    if getattr(args, "plot", None) and life.recorder is not None:
+        _plot(args.plot, life.recorder, " ".join(command), f"--restarts {restarts} ")
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
@@ -172,9 +244,11 @@ class _Ran:
         self.recorder = recorder
 
 
-def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Union[_Ran, int]:
-    """Run CMD with its watchers (`restart` k > 0: CGWATCH_RESTART=k in its environment);
-    what it left, or 127/126 when it could not start."""
+def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
+         recorder: Optional[Recorder] = None) -> Union[_Ran, int]:
+    """Run CMD with its watchers (`restart` k > 0: CGWATCH_RESTART=k in its environment;
+    `recorder`: an earlier attempt's, to go on with); what it left, or 127/126 when it could
+    not start."""
     name = os.path.basename(command[0])
     runlog = RunLog()
     with Monitor(args.root) as monitor, Events(monitor, log=False, queue_size=0) as events:
@@ -186,8 +260,10 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
                 printer.offer(item)
 
         events.subscribe(collect)
-        recorder = None
-        if args.plot or args.json or args.report:
+        if recorder is not None:
+            recorder.monitor = monitor  # this attempt's; the timeline goes on
+            events.subscribe(recorder.event)
+        elif args.plot or args.json or args.report:
             from .plot import Recorder
 
             recorder = Recorder(monitor)
@@ -213,7 +289,9 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
             ended_at = time.monotonic()
         events.scan_now()  # rises that landed after the last notification was read
         if recorder is not None:
-            recorder.mark("exit", end_label(returncode), final=True,
+            status = guarded_status(returncode, guarding.fired, guarding.signum) \
+                if guarding is not None else exit_status(returncode)
+            recorder.mark("exit", end_label(returncode, status), final=True,
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
@@ -232,6 +310,22 @@ def child_environment(guarding: Optional[GuardThread], restart: int) -> Optional
 
 def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
     """Say why CMD ended (text or JSON, the report file, the plot); `run`'s exit status."""
+    status, data, outcome = _build_report(args, command, ran)
+    if args.report:
+        write_report(args.report, data)
+    if args.plot and ran.recorder is not None:
+        _plot(args.plot, ran.recorder, " ".join(command))
+    if args.json:
+        print(json.dumps(data), file=sys.stderr, flush=True)
+        return status
+    _say(outcome, ran.cause)
+    return status
+
+
+def _build_report(args: argparse.Namespace, command: list[str],
+                  ran: _Ran) -> tuple[int, dict[str, Any], Optional[dict[str, Any]]]:
+    """`run`'s exit status, the JSON report ({} unless --json or --report) and what came of
+    the guard's signal (None: it did not fire)."""
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
     status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
@@ -248,30 +342,29 @@ def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
                 "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
         if ran.recorder is not None:
             data["timeline"] = ran.recorder.as_dict()
-        if args.report:
-            write_report(args.report, data)
-    if args.plot and ran.recorder is not None:
-        _plot(args.plot, ran.recorder, " ".join(command))
-    if args.json:
-        print(json.dumps(data), file=sys.stderr, flush=True)
-        return status
+    return status, data, outcome
+
+
+def _say(outcome: Optional[dict[str, Any]], cause: Cause) -> None:
+    """The text report: what came of the guard's signal, then why CMD ended."""
     if outcome is not None:
         print(outcome["line"], file=sys.stderr, flush=True)
-    for text in ran.cause.texts():
+    for text in cause.texts():
         print(text, file=sys.stderr, flush=True)
-    return status
 
 
-def end_label(returncode: int) -> str:
-    if returncode < 0:
-        return f"killed by {signal_name(-returncode)}"
-    return f"exit {returncode}"
+def end_label(returncode: int, status: Optional[int] = None) -> str:
+    """The picture's mark at CMD's end; `status`: run's, named when the guard made it 75."""
+    label = f"killed by {signal_name(-returncode)}" if returncode < 0 else f"exit {returncode}"
+    if status is not None and status != exit_status(returncode):
+        label += f" (saved: {status})"
+    return label
 
 
-def _plot(path: str, recorder: Recorder, title: str) -> None:
+def _plot(path: str, recorder: Recorder, title: str, options: str = "") -> None:
     from .plot import write_plot
 
-    why = write_plot(path, recorder.as_dict(), f"cgwatch run -- {title}")
+    why = write_plot(path, recorder.as_dict(), f"cgwatch run {options}-- {title}")
     if why is not None:
         print(f"cgwatch run: --plot: {why}", file=sys.stderr, flush=True)
 
