@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import (
     PROJECT,
     MiB,
@@ -38,7 +37,7 @@ from tests.cgroup_helpers import (
     own_memory_cgroup,
     real_kernel_marks,
 )
-from tests.extras import need
+from tests.extras import debian_program, need
 from tests.prometheus.loopback import ensure_up_in_vm
 
 need("prometheus-client", extra="prometheus")  # `cgwatch serve` exports with it
@@ -72,13 +71,7 @@ def _loopback() -> None:
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found:
-        return found
-    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-        pytest.fail("prometheus missing but CGWATCH_REQUIRE_REAL=1 (scripts/test unpacks "
-                    "Debian's prometheus package: tests/tools)")
-    pytest.skip("no prometheus on PATH (PATH=$(tests/tools):$PATH, or Debian's package)")
+    return debian_program("prometheus", "prometheus")
 
 
 def free_port() -> int:

@@ -6,13 +6,10 @@ without it and without CGWATCH_REQUIRE_REAL=1 (a developer's laptop) skips."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 
-import pytest
-
-from cgwatch.envswitch import switch_on
 from tests.cgroup_helpers import PROJECT
+from tests.extras import debian_program
 
 DEPLOY = os.path.join(PROJECT, "deploy", "prometheus")
 RULES = os.path.join(DEPLOY, "cgwatch-rules.yml")
@@ -22,13 +19,7 @@ ALERTS = ("CgwatchOOMKill", "CgwatchHeadroomLow", "CgwatchMemoryHighThrottling",
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found:
-        return found
-    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-        pytest.fail("promtool missing but CGWATCH_REQUIRE_REAL=1 (scripts/test unpacks "
-                    "Debian's prometheus package: tests/tools)")
-    pytest.skip("no promtool on PATH (PATH=$(tests/tools):$PATH, or Debian's prometheus)")
+    return debian_program("promtool", "prometheus")
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
