@@ -4,7 +4,8 @@ Only this process's own subtree is touched: every directory is created below the
 that /proc/self/cgroup names, and removed (processes killed first) even when a test fails.
 Works for v1 (this machine) and v2 (the VM tier). The tree itself (`Tree`, `cgroup_tree()`,
 the reads and writes) is bench/cgroups.py's, shared with the bench; here are what only tests
-use: pytest's marks and skips, waiting, the OOM victim's place, the probe.
+use: pytest's marks and skips, waiting, a script run in a cgroup, the OOM victim's place,
+the probe.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.005)
     return condition()
+
+
+def run_script(tree: Tree, cgroup: str, script: str, *args: str,
+               timeout: float) -> tuple[int, str, str]:
+    """Run the Python file `script` with `args` as its arguments in `cgroup` (Tree.spawn: the
+    child is in the cgroup before the script's first allocation), until it ends, at most
+    `timeout` seconds; (returncode, stdout, stderr)."""
+    code = (f"import runpy, sys\nsys.argv = [{script!r}, *{list(args)!r}]\n"
+            f"runpy.run_path({script!r}, run_name='__main__')\n")
+    proc = tree.spawn(cgroup, code)
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
 
 
 V1_MEMORY_MOUNT = "/sys/fs/cgroup/memory"

@@ -17,10 +17,18 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tests.cgroup_helpers import MiB, Tree, cgroup_tree, oom_kills, real_kernel_marks
+from tests.cgroup_helpers import (
+    MiB,
+    Tree,
+    cgroup_tree,
+    oom_kills,
+    real_kernel_marks,
+    run_script,
+)
 
 pytestmark = real_kernel_marks()
 
@@ -35,11 +43,7 @@ def tree() -> Iterator[Tree]:
 
 
 def spawn_leaker(tree: Tree, cgroup: str, *args: str) -> tuple[int, str, str]:
-    code = (f"import runpy, sys\nsys.argv = [{CHILD!r}, *{list(args)!r}]\n"
-            f"runpy.run_path({CHILD!r}, run_name='__main__')\n")
-    proc = tree.spawn(cgroup, code)
-    out, err = proc.communicate(timeout=120)
-    return proc.returncode, out, err
+    return run_script(tree, cgroup, CHILD, *args, timeout=120)
 
 
 def test_the_guard_saves_and_stops_before_the_kill(tree: Tree, tmp_path: object) -> None:
@@ -92,11 +96,21 @@ SHAPE_LIMIT = 256 * MiB
 
 
 def spawn_shape(tree: Tree, cgroup: str, *args: str) -> tuple[int, str, str]:
-    code = (f"import runpy, sys\nsys.argv = [{SHAPES!r}, *{list(args)!r}]\n"
-            f"runpy.run_path({SHAPES!r}, run_name='__main__')\n")
-    proc = tree.spawn(cgroup, code)
-    out, err = proc.communicate(timeout=180)
-    return proc.returncode, out, err
+    return run_script(tree, cgroup, SHAPES, *args, timeout=180)
+
+
+def stopped_shape(tree: Tree, tmp_path: object, *shape: str) -> dict[str, Any]:
+    """Run a shape that the guard must stop in a job of SHAPE_LIMIT: it saved and exited 75,
+    and the kernel killed nothing; the guard's verdict, as its checkpoint holds it."""
+    job = tree.make("job", limit=SHAPE_LIMIT)
+    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
+    status, out, err = spawn_shape(tree, job, *shape, "--limit", str(SHAPE_LIMIT),
+                                   "--checkpoint", checkpoint)
+    assert status == 75, err
+    assert oom_kills(job, tree.version) == 0
+    with open(checkpoint) as f:
+        verdict: dict[str, Any] = json.load(f)["verdict"]
+    return verdict
 
 
 @pytest.mark.parametrize("shape", [
@@ -126,18 +140,11 @@ def test_stairs_stop_while_the_next_piece_fits(tree: Tree, tmp_path: object) -> 
     kill. The guard learns a stair (the largest rise between two checks) and keeps 46 x 1.25
     + 12.8 MiB free, so it stops after the 4th stair (~47 MiB left), with the configured 5%
     still free and no kill; the forecast, which needs 6 s of climbing, is not what stops it."""
-    job = tree.make("job", limit=SHAPE_LIMIT)
-    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
-    status, out, err = spawn_shape(tree, job, "--shape", "stairs", "--stair", "0.18",
-                                   "--limit", str(SHAPE_LIMIT), "--seconds", "60",
-                                   "--checkpoint", checkpoint)
-    assert status == 75, err
-    with open(checkpoint) as f:
-        verdict = json.load(f)["verdict"]
+    verdict = stopped_shape(tree, tmp_path, "--shape", "stairs", "--stair", "0.18",
+                            "--seconds", "60")
     assert verdict["trigger"] == "reserve", verdict
     assert verdict["rise"] >= int(SHAPE_LIMIT * 0.18 * 1.25) - 2 * MiB, verdict
     assert verdict["headroom"] >= SHAPE_LIMIT * 5 // 100, verdict
-    assert oom_kills(job, tree.version) == 0
 
 
 def test_a_leak_with_the_defaults_stops_late(tree: Tree, tmp_path: object) -> None:
@@ -145,18 +152,11 @@ def test_a_leak_with_the_defaults_stops_late(tree: Tree, tmp_path: object) -> No
     set (~240 MiB / 100 MiB/s ~ 2.4 s, lead ~3.6 s, ~29 MiB), not assumed (60 s x 1.5 gave
     away 53-74% of the limit). It stops with under a quarter of the limit free, the 5%
     reserve kept, no kill."""
-    job = tree.make("job", limit=SHAPE_LIMIT)
-    checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
-    status, out, err = spawn_shape(tree, job, "--shape", "leak", "--rate", "8",
-                                   "--limit", str(SHAPE_LIMIT), "--seconds", "120",
-                                   "--checkpoint", checkpoint)
-    assert status == 75, err
-    with open(checkpoint) as f:
-        verdict = json.load(f)["verdict"]
+    verdict = stopped_shape(tree, tmp_path, "--shape", "leak", "--rate", "8",
+                            "--seconds", "120")
     assert verdict["trigger"] in ("forecast", "reserve"), verdict
     assert SHAPE_LIMIT * 5 // 100 <= verdict["headroom"] <= SHAPE_LIMIT // 4, verdict
     assert verdict["lead"] < 10.0, verdict
-    assert oom_kills(job, tree.version) == 0
 
 
 if __name__ == "__main__":

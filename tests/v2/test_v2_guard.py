@@ -18,7 +18,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cgroup_helpers import PROJECT, MiB, Tree, cgroup_tree, read, real_kernel_marks, write
+from tests.cgroup_helpers import (
+    PROJECT,
+    MiB,
+    Tree,
+    cgroup_tree,
+    read,
+    real_kernel_marks,
+    run_script,
+    write,
+)
 
 pytestmark = real_kernel_marks()
 
@@ -95,12 +104,18 @@ SHAPE_LIMIT = 256 * MiB
 
 
 def run_shape(tree: Tree, cgroup: str, checkpoint: str, *args: str) -> tuple[int, str, str]:
-    code = (f"import runpy, sys\nsys.argv = [{SHAPES!r}, *{list(args)!r}, '--limit', "
-            f"'{SHAPE_LIMIT}', '--checkpoint', {checkpoint!r}]\n"
-            f"runpy.run_path({SHAPES!r}, run_name='__main__')\n")
-    proc = tree.spawn(cgroup, code)
-    out, err = proc.communicate(timeout=600)
-    return proc.returncode, out, err
+    return run_script(tree, cgroup, SHAPES, *args, "--limit", str(SHAPE_LIMIT),
+                      "--checkpoint", checkpoint, timeout=600)
+
+
+def job_without_swap(tree: Tree, name: str) -> str:
+    """A job cgroup of SHAPE_LIMIT whose anonymous pages cannot go to swap (memory.swap.max 0,
+    where the kernel has swap accounting): the kill is real."""
+    job = tree.make(name, limit=SHAPE_LIMIT)
+    swap = os.path.join(job, "memory.swap.max")
+    if os.path.exists(swap):
+        write(swap, "0")
+    return job
 
 
 def test_a_sawtooth_runs_to_its_end_and_stairs_stop_before_the_kill(tree: Tree,
@@ -113,18 +128,12 @@ def test_a_sawtooth_runs_to_its_end_and_stairs_stop_before_the_kill(tree: Tree,
     if tree.version != 2:
         pytest.skip("the v1 cases are tests/test_guard_real.py's")
     checkpoint = os.path.join(str(tmp_path), "checkpoint.json")
-    saw = tree.make("saw", limit=SHAPE_LIMIT)
-    swap = os.path.join(saw, "memory.swap.max")
-    if os.path.exists(swap):
-        write(swap, "0")
+    saw = job_without_swap(tree, "saw")
     status, out, err = run_shape(tree, saw, checkpoint, "--shape", "sawtooth",
                                  "--period", "0.5", "--seconds", "15")
     assert status == 0 and out.endswith("done\n"), err
     assert not os.path.exists(checkpoint)
-    stairs = tree.make("stairs", limit=SHAPE_LIMIT)
-    swap = os.path.join(stairs, "memory.swap.max")
-    if os.path.exists(swap):
-        write(swap, "0")
+    stairs = job_without_swap(tree, "stairs")
     status, out, err = run_shape(tree, stairs, checkpoint, "--shape", "stairs",
                                  "--stair", "0.18", "--seconds", "120")
     assert status == 75, err
