@@ -153,7 +153,8 @@ def test_sdist_tests_skip_what_the_test_extra_lacks(built: tuple[Path, Path, str
     optional = sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
                       if re.search(r"^need\(", p.read_text(), re.M))
     assert {"tests/test_packaging.py", "tests/test_prometheus.py",
-            "tests/test_prometheus_real.py"} <= set(optional), optional
+            "tests/test_prometheus_real.py", "tests/test_kubernetes_manifest.py"} \
+        <= set(optional), optional
     out = pytest_in_venv("-rs", *optional)
     last = out.splitlines()[-1]
     assert re.search(rf"\b{len(optional)} skipped\b", last), out[-3000:]
@@ -161,5 +162,6 @@ def test_sdist_tests_skip_what_the_test_extra_lacks(built: tuple[Path, Path, str
     skips = [line for line in out.splitlines() if line.startswith("SKIPPED")]
     assert sum(int(re.findall(r"\[(\d+)\]", line)[0]) for line in skips) == len(optional), out
     for line in skips:  # (venv's own setuptools may be there: then only build is missing)
-        assert re.search(r"needs (prometheus-client|build|build, setuptools) \(pip install "
-                         r"'cgwatch\[(prometheus|dev)\]'\): not installed", line), line
+        assert re.search(r"needs (prometheus-client|build|build, setuptools|kubernetes-validate) "
+                         r"\(pip install 'cgwatch\[(prometheus|dev)\]'\): not installed",
+                         line), line

@@ -12,7 +12,12 @@ MODE: guard (leak + guard: saves and exits with the guard's status), onerank (pl
 no leak: the last rank's guard has a reserve above any limit, the others none), onecgroup
 (hf, lightning, deepspeed as two ranks: leak + guard, the leak and a limited cgroup on one
 rank only, below), control (leak, no guard: the kernel kills it), reference (no leak, no
-guard, STEPS steps), resume (from the checkpoint the guard run wrote, up to STEPS), and the
+guard, STEPS steps), resume (from the checkpoint the guard run wrote, up to STEPS), requeue
+(hf only, one life of a job that `cgwatch run --guard -- torchrun` guards and a scheduler
+requeues: leak, no guard of its own, resume from the newest checkpoint when there is one; on
+SIGTERM every rank agrees at the end of the step, the Trainer saves there, and each rank
+exits 0; its results go to requeue<L>-rank<r>.json, L being $SLURM_RESTART_COUNT or 0: the
+Slurm tier's tests/slurm/cases_requeue.py), and the
 healthy shapes (hf and lightning, no leak, the adapter's GuardCallback() with its documented
 defaults, STEPS steps): sawtooth (a temporary of SHAPE_MIB MiB, written at every
 SAW_PERIOD-th step, kept for half the period, then freed) and step (SHAPE_MIB MiB written
@@ -53,6 +58,7 @@ SAW_PERIOD = 6  # sawtooth: the temporary is written at step 1, 7, 13, ... and f
 STEP_AT = 3  # step: the allocation kept from this step on
 
 _leaked: list[bytes] = []
+_sigterm = [0]  # requeue mode: set by SIGTERM (the handler, in main, comes before any import)
 _temporary: list[bytes] = []  # the healthy shapes' memory
 
 
@@ -64,7 +70,7 @@ class Job:
         self.out = out
         self.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
         self.world = int(os.environ.get("WORLD_SIZE", os.environ.get("GUARDTEST_WORLD", "1")))
-        leaking = mode in ("guard", "control") and self.rank == self.world - 1
+        leaking = mode in ("guard", "control", "requeue") and self.rank == self.world - 1
         if mode == "onecgroup":
             leaking = self.rank == int(os.environ["GUARDTEST_CGROUP_RANK"])
         self.leak_bytes = leak_mib << 20 if leaking else 0
@@ -76,6 +82,9 @@ class Job:
         self.result: dict[str, Any] = {"framework": framework, "mode": mode,
                                        "rank": self.rank, "world": self.world}
         self.checkpoint = os.path.join(out, f"{framework}-checkpoint")
+        # the name of this run's result files: one per life in requeue mode
+        self.tag = mode + os.environ.get("SLURM_RESTART_COUNT", "0") if mode == "requeue" \
+            else mode
 
     def step_done(self) -> None:
         """After every optimizer step: the leak or the healthy shape, and the pace of a real
@@ -118,7 +127,7 @@ class Job:
                 "stop": verdict.stop, "trigger": verdict.trigger, "level": verdict.level,
                 "step": verdict.step, "rank": verdict.rank, "message": verdict.message()}
         self.result.update(extra)
-        path = os.path.join(self.out, f"{self.mode}-rank{self.rank}.json")
+        path = os.path.join(self.out, f"{self.tag}-rank{self.rank}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(self.result, f)
         os.replace(path + ".tmp", path)
@@ -225,6 +234,21 @@ def hf(job: Job) -> None:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             job.step_done()
 
+    class OnSigterm(TrainerCallback):  # type: ignore[misc]
+        """requeue mode: the ranks agree on the SIGTERM flag at every step's end (one
+        all-reduce: a save on one rank only would hang in its collective), then the Trainer
+        saves checkpoint-<step>/ and leaves train()."""
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            flag = torch.tensor([_sigterm[0]])
+            if torch.distributed.is_initialized():
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            if flag.item() and "stopped_at" not in job.result:
+                job.result["stopped_at"] = state.global_step
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
     transformers.set_seed(0)  # before building: Trainer seeds only in __init__
     model = GPT2LMHeadModel(GPT2Config(
         n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=32, bos_token_id=0,
@@ -242,9 +266,11 @@ def hf(job: Job) -> None:
     elif job.mode in HEALTHY:
         guard = GuardCallback()  # the documented defaults
         callbacks.append(guard)
+    elif job.mode == "requeue":
+        callbacks.append(OnSigterm())
     trainer = Recording(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     resume = job.result["resumed_from"] = _last_hf_checkpoint(job.checkpoint) \
-        if job.mode == "resume" else None
+        if job.mode in ("resume", "requeue") else None
     trainer.train(resume_from_checkpoint=resume)
     if guard is not None and guard.stopped is not None:
         job.write(guard.stopped, checkpoint=_last_hf_checkpoint(job.checkpoint))
@@ -368,6 +394,10 @@ FRAMEWORKS: dict[str, Callable[[Job], None]] = {
 
 def main(argv: list[str]) -> int:
     framework, mode, steps, out = argv[:4]
+    if mode == "requeue":
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: _sigterm.__setitem__(0, 1))
     job = Job(framework, mode, int(steps), out, int(argv[4]) if len(argv) > 4 else 0)
     if mode == "onecgroup":
         _own_log_and_cgroup(job)
@@ -382,7 +412,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         status = 1
     # Before the teardown: a launcher may kill a rank that is still leaving (below).
-    with open(os.path.join(job.out, f"{mode}-rank{job.rank}.status"), "w") as f:
+    with open(os.path.join(job.out, f"{job.tag}-rank{job.rank}.status"), "w") as f:
         f.write(str(status))
     # Tear the group down and leave without the interpreter's exit: torch + gloo ranks can
     # abort there (`terminate called without an active exception`; docs/guard.md, "What the
