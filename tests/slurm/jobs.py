@@ -42,15 +42,16 @@ def cgwatch_json(*srun_args: str) -> dict[str, Any]:
     return data
 
 
-def sbatch(script: str, *args: str) -> tuple[int, str]:
-    """Run a batch script to its end (`sbatch --wait`); (job id, its output file's text)."""
+def sbatch(script: str, *args: str, timeout: float = TIMEOUT) -> tuple[int, str]:
+    """Run a batch script to its end (`sbatch --wait`, also through a requeue); (job id, its
+    output file's text)."""
     path = os.path.join(STATE, f"batch-{time.monotonic_ns()}.sh")
     output = path + ".out"
     with open(path, "w") as f:
         f.write("#!/bin/sh\n" + script)
     os.chmod(path, 0o755)
     out = subprocess.run(["sbatch", "--parsable", "--wait", "-o", output, *args, path],
-                         capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT)
+                         capture_output=True, text=True, cwd=REPO, timeout=timeout)
     job = int(out.stdout.strip().split(";")[0])
     with open(output) as f:
         return job, f.read()
