@@ -64,12 +64,12 @@ shift "$life"
 port=$1
 export life mode port  # to the tasks (srun passes the environment on)
 echo "life $life: mode $mode on $SLURM_JOB_NODELIST," \
-     "SLURM_RESTART_COUNT=${{SLURM_RESTART_COUNT:-unset}}"
+     "SLURM_RESTART_COUNT=${{SLURM_RESTART_COUNT:-unset}} at $(date +%s.%N)"
 # one log per node and life (srun merges the tasks' streams)
 srun sh -c 'exec >"{out}/life$life-$SLURMD_NODENAME.log" 2>&1
 {across}'
 rc=$?
-echo "life $life: srun exited $rc"
+echo "life $life: srun exited $rc at $(date +%s.%N)"
 [ $rc = 0 ] && exit 0
 if [ "$(cat "{out}/$mode-rank0.status" "{out}/$mode-rank1.status" | tr -d '\\n')" = 7575 ]; then
     echo "life $life: every rank exited {status} after the save: exit {status}"
@@ -141,7 +141,7 @@ def test_guard_stops_both_nodes_at_one_step_requeue_resume_finish(tmp_path: Path
     cluster_cgroup = cluster_cgroup.removeprefix("/sys/fs/cgroup/memory")  # as dmesg names it
     # The same steps uninterrupted: no leak, no guard, both nodes.
     ref = tmp_path / "reference"
-    ref.mkdir()
+    ref.mkdir()  # TMPDIR: torchrun's agent leaves a torchelastic_* directory there
     t0 = time.monotonic()
     srun("-N", "2", "--ntasks-per-node=1", "-c", "2", f"--mem={MEM}", "sh", "-c",
          across(python, f"{TRAIN} hf reference {STEPS} {ref}"),
@@ -169,8 +169,11 @@ def test_guard_stops_both_nodes_at_one_step_requeue_resume_finish(tmp_path: Path
     seconds = time.monotonic() - t0
     batch_output, text = text, f"{text}\n{logs(out)}"
     info = scontrol_job(job)
-    print(f"two nodes: reference {reference_seconds:.1f} s; requeued job {job} {seconds:.1f} s, "
-          f"{info.get('JobState')}, Restarts={info.get('Restarts')}")
+    at = [float(t) for t in re.findall(r"^life \d: .* at (\d+\.\d+)$", text, re.M)]
+    lives = f"lives {at[1] - at[0]:.1f} s and {at[3] - at[2]:.1f} s, held {at[2] - at[1]:.1f} s" \
+        if len(at) == 4 else "life times not found"
+    print(f"two nodes: reference {reference_seconds:.1f} s; requeued job {job} {seconds:.1f} s "
+          f"({lives}), {info.get('JobState')}, Restarts={info.get('Restarts')}")
 
     # Slurm requeued it once (only an exit in RequeueExit does that) and it then finished.
     assert (info["JobState"], info["Restarts"], info["ExitCode"]) == ("COMPLETED", "1", "0:0"), \
@@ -192,6 +195,7 @@ def test_guard_stops_both_nodes_at_one_step_requeue_resume_finish(tmp_path: Path
     assert (stop - 1) % SYNC_EVERY == 0 and stop < STEPS, v1
     assert [r["steps_done"] for r in first] == [stop, stop], first
     node = first[1]["node"]
+    print(f"two nodes: every rank stopped at step {stop}; rank 1 on {node}: {v1['message']}")
     assert v1["trigger"] == "reserve" and v1["rank"] is None, v1
     assert f"/{node}/slurm_{node}/uid_0/job_{job}" in v1["level"], v1
     assert v0["rank"] == 1 and "rank 1's guard decided" in v0["message"], v0
@@ -222,14 +226,14 @@ def test_guard_stops_both_nodes_at_one_step_requeue_resume_finish(tmp_path: Path
     assert oom_lines(cluster_cgroup) == ooms
 
 
-def test_agreement_cost_across_the_nodes() -> None:
+def test_agreement_cost_across_the_nodes(tmp_path: Path) -> None:
     """bench/guard_ranks.py with one rank on each node: the guard's all-reduce (gloo over
     loopback between the nodes' ranks) against a check without it; figures printed, no bound
     asserted (a benchmark never fails on a ratio)."""
     python = need_torch()
     got = srun("-N", "2", "--ntasks-per-node=1", "-c", "2", "--mem=1G", "-l", "sh", "-c",
                across(python, "-m bench.guard_ranks 200 3"),
-               env={"OMP_NUM_THREADS": "1"}).stdout
+               env={"OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}).stdout
     ranks = {}
     for line in got.splitlines():
         task, _, rest = line.partition(": ")
