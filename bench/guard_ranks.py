@@ -7,7 +7,10 @@ venv has no torch:
 
     .venv-integration/bin/python -m bench.guard_ranks [checks per round] [rounds]
 
-Prints one JSON line per rank: median, p90 and p99 in microseconds per call.
+Prints one JSON line per rank: median, p90 and p99 in microseconds per call. Started by a
+launcher that sets RANK (torchrun), each process is one rank of the launcher's group: the
+Slurm tier's two-node case runs it under `torchrun --nnodes 2` with one rank on each node
+(tests/slurm/cases_twonode.py).
 """
 
 from __future__ import annotations

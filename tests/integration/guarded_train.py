@@ -28,9 +28,10 @@ numbers.
 
 The leak is LEAK_MIB MiB of written bytes after every step (a calloc'ed zero buffer may not
 be charged), on the last rank only; in onecgroup mode on rank $GUARDTEST_CGROUP_RANK only,
-which first moves itself into the cgroup directory $GUARDTEST_CGROUP (before importing
-anything big, so all it allocates is charged there) and writes $GUARDTEST_BALLAST_MIB MiB
-there before its first step. onecgroup ranks each send their output
+which first moves itself into the cgroup directory $GUARDTEST_CGROUP when that is set (before
+importing anything big, so all it allocates is charged there; unset, it stays where it is:
+the Slurm tier's two-node case, where only that rank's node's step cgroup fills) and writes
+$GUARDTEST_BALLAST_MIB MiB there before its first step. onecgroup ranks each send their output
 to OUT/onecgroup-rank<r>.log (a launcher's streams are shared). The
 rank is $RANK (torchrun) or $LOCAL_RANK (Lightning's own launcher sets only that); the world
 size $WORLD_SIZE, or $GUARDTEST_WORLD where nothing sets it yet (Lightning's first process).
@@ -80,7 +81,8 @@ class Job:
         self.peak_usage = 0
         self.losses: dict[int, float] = {}
         self.result: dict[str, Any] = {"framework": framework, "mode": mode,
-                                       "rank": self.rank, "world": self.world}
+                                       "rank": self.rank, "world": self.world,
+                                       "node": os.environ.get("SLURMD_NODENAME")}
         self.checkpoint = os.path.join(out, f"{framework}-checkpoint")
         # the name of this run's result files: one per life in requeue mode
         self.tag = mode + os.environ.get("SLURM_RESTART_COUNT", "0") if mode == "requeue" \
@@ -438,9 +440,10 @@ def _own_log_and_cgroup(job: Job) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    if job.leak_bytes:
+    if job.leak_bytes and os.environ.get("GUARDTEST_CGROUP"):
         with open(os.path.join(os.environ["GUARDTEST_CGROUP"], "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
+    if job.leak_bytes:
         # A head start (written, so charged): fewer leaking steps to the reserve.
         _leaked.append(b"\x01" * (int(os.environ.get("GUARDTEST_BALLAST_MIB", "0")) << 20))
 

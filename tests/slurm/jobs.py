@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from typing import Any, Optional
@@ -42,16 +43,36 @@ def cgwatch_json(*srun_args: str) -> dict[str, Any]:
     return data
 
 
-def sbatch(script: str, *args: str) -> tuple[int, str]:
-    """Run a batch script to its end (`sbatch --wait`); (job id, its output file's text)."""
+# A job's states once it has ended for good (22.05's job_state_string()); a job that Slurm
+# requeues passes through COMPLETING and PENDING instead
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def sbatch(script: str, *args: str, timeout: float = TIMEOUT) -> tuple[int, str]:
+    """Run a batch script to its end, also through a requeue; (job id, its output file's
+    text). Not `sbatch --wait`: it polls at growing intervals, up to 10 s apart (sbatch.c,
+    `_job_wait()`), and the two-node requeued job (its lives and hold ~85-95 s) came back
+    after 106.0 s in 4 runs of 4; `scontrol` every 0.25 s instead."""
     path = os.path.join(STATE, f"batch-{time.monotonic_ns()}.sh")
     output = path + ".out"
     with open(path, "w") as f:
         f.write("#!/bin/sh\n" + script)
     os.chmod(path, 0o755)
-    out = subprocess.run(["sbatch", "--parsable", "--wait", "-o", output, *args, path],
+    out = subprocess.run(["sbatch", "--parsable", "-o", output, *args, path],
                          capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT)
     job = int(out.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + timeout
+    while True:
+        # a job gone from the controller has ended (MinJobAge after its end)
+        shown = subprocess.run(["scontrol", "-o", "show", "job", str(job)],
+                               capture_output=True, text=True, timeout=TIMEOUT)
+        state = re.search(r"JobState=(\S+)", shown.stdout)
+        if state is not None and state.group(1) in ENDED or "Invalid job id" in shown.stderr:
+            break
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job} did not end in {timeout} s: {shown.stdout}")
+        time.sleep(0.25)
     with open(output) as f:
         return job, f.read()
 
