@@ -132,3 +132,51 @@ def test_unreadable_and_foreign_files_are_left_out(tmp_path: Path) -> None:
     (tmp_path / "rank-2.json").write_text("[1, 2]")
     assert read_records(str(tmp_path)) == [rec(0, True)]
     assert read_records(str(tmp_path / "missing")) == []
+
+
+class _Verdict(NamedTuple):
+    stop: bool
+
+
+class _Guard:
+    """What guard_step uses of a Guard: check(step) and saving()."""
+
+    def __init__(self, stop_at: int) -> None:
+        self.stop_at = stop_at
+
+    def check(self, step: Optional[int]) -> _Verdict:
+        return _Verdict(step == self.stop_at)
+
+    def saving(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class _Engine:
+    def __init__(self, rank: int) -> None:
+        self.global_rank, self.world_size = rank, 2
+        self.saved: list[str] = []
+
+    def save_checkpoint(self, save_dir: str, **kwargs: Any) -> bool:
+        self.saved.append(save_dir)
+        return True
+
+
+def test_deepspeed_guard_step_records_start_and_save(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from cgwatch.integrations.deepspeed_guard import guard_step
+
+    monkeypatch.setenv(saves.SAVES_ENV, str(tmp_path))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    guards, engines = [_Guard(3), _Guard(3)], [_Engine(0), _Engine(1)]
+    for step in (1, 2):
+        for guard, engine in zip(guards, engines):
+            assert not guard_step(guard, engine, step, "ckpt").stop
+    assert all_saved(read_records(str(tmp_path))) == Saves(0, 2, 2, 0, None)
+    assert guard_step(guards[0], engines[0], 3, "ckpt").stop
+    assert all_saved(read_records(str(tmp_path))) == Saves(1, 2, 2, 0, 3)
+    guard_step(guards[1], engines[1], 3, "ckpt")
+    assert all_saved(read_records(str(tmp_path))).complete
+    assert [e.saved for e in engines] == [["ckpt"], ["ckpt"]]
