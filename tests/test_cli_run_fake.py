@@ -376,3 +376,17 @@ def test_run_json_has_the_ranks_saves(host: FakeHost) -> None:
         "line": f"cgwatch run: every rank (2) saved at step 41 after the guard's stop; "
                 f"{os.path.basename(sys.executable)} ended with exit 1; exit 75 (saved, may be "
                 "resumed)"}
+
+
+
+def test_no_temporary_directory_no_records(tmp_path: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # $TMPDIR unwritable (a read-only container): CMD runs as before, nothing added to its
+    # environment, its status passed on.
+    import tempfile
+
+    from cgwatch.cli.run import child_environment, make_saves_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert make_saves_dir() is None
+    assert child_environment(None, 0, None) is None

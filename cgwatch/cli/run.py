@@ -210,7 +210,7 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
         with SignalRelay() as relay, ShmSampler(args.root) as shm, \
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
-            saves_dir = tempfile.mkdtemp(prefix="cgwatch-saves-")
+            saves_dir = make_saves_dir()
             try:
                 try:
                     proc = subprocess.Popen(command, env=child_environment(
@@ -227,9 +227,10 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
                 prefer_not_to_be_killed(args.root)
                 returncode = proc.wait()
                 ended_at = time.monotonic()
-                saves = all_saved(read_records(saves_dir))
+                saves = all_saved(read_records(saves_dir) if saves_dir else [])
             finally:
-                shutil.rmtree(saves_dir, ignore_errors=True)
+                if saves_dir:
+                    shutil.rmtree(saves_dir, ignore_errors=True)
         events.scan_now()  # rises that landed after the last notification was read
         if recorder is not None:
             recorder.mark("exit", end_label(returncode), final=True,
@@ -239,6 +240,15 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0) -> Unio
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
     return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves)
+
+
+def make_saves_dir() -> Optional[str]:
+    """A fresh directory for the ranks' save records (saves.py), or None where none can be
+    made (an unwritable $TMPDIR): CMD then runs as before, its status passed on as it is."""
+    try:
+        return tempfile.mkdtemp(prefix="cgwatch-saves-")
+    except OSError:
+        return None
 
 
 def child_environment(guarding: Optional[GuardThread], restart: int,
