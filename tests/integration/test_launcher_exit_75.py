@@ -8,28 +8,36 @@ cgroup, which it fills; the adapters with their default `sync_every`), under `cg
   exits 75 and says every rank saved. The run that follows (`resume`, two ranks under
   torchrun) finishes, and both ranks' losses equal an uninterrupted two-rank run's
   (`reference`) step for step, `==` on the floats.
+- DeepSpeed ZeRO-2 under torchrun (`guard_step`): torchrun 1, `run` 75.
 - Lightning under its own launcher, rank 0 lingering 8 s after rank 1 exited 75: Lightning's
   child-process observer (every 5 s) SIGKILLs rank 0, the launcher, so CMD ends with 137;
   `run` exits 75.
 - Negative: HF under torchrun, rank 1 SIGKILLed at the save (once rank 0 recorded its own),
   before it recorded it: `run` does not say 75 (it passes torchrun's 1 on and says only 1 of
   2 ranks saved).
+- torchrun's own restarts (`--max-restarts 1`, stand-in workers that only write records):
+  after attempt 0 saved, attempt 1 finishing gives 0, failing gives 1 (the older saves do
+  not count), stopping and saving again gives 75.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.cgroup_helpers import Tree
-from tests.integration.children import require
+from tests.integration.children import free_port, require
 from tests.integration.test_guard_ranks_trainers import LIMITED_RANK, launch
 
 pytestmark = pytest.mark.integration
 
-require("torch", "transformers", "lightning", "torchdata")
+require("torch", "transformers", "lightning", "torchdata", "deepspeed")
 
 from cgwatch import GUARD_EXIT_STATUS  # noqa: E402
 
@@ -76,6 +84,19 @@ def test_hf_under_torchrun_exits_75_then_resumes_identically(
             [whole[str(s)] for s in range(1, STEPS + 1)], r
 
 
+def test_deepspeed_under_torchrun_exits_75(
+        tree: Tree, env: dict[str, str], tmp_path: Path) -> None:
+    got = launch(tree, env, tmp_path, "deepspeed", wrap=RUN)
+    assert got.oom_kills == 0, got.logs
+    assert got.statuses == [GUARD_EXIT_STATUS] * 2, got.logs
+    stop = stop_step(got)
+    assert "ChildFailedError" in got.launcher_log, got.launcher_log[-3000:]
+    assert (f"cgwatch run: every rank (2) saved at step {stop} after the guard's stop; "
+            f"{Path(sys.executable).name} ended with exit 1; exit 75 (saved, may be resumed)"
+            ) in got.launcher_log, got.launcher_log[-3000:]
+    assert got.launcher_rc == GUARD_EXIT_STATUS, got.logs
+
+
 def test_lightning_launcher_killed_by_its_observer_still_exits_75(
         tree: Tree, env: dict[str, str], tmp_path: Path) -> None:
     got = launch(tree, env, tmp_path, "lightning", wrap=RUN,
@@ -101,3 +122,48 @@ def test_a_rank_killed_at_the_save_is_not_75(
     assert ("cgwatch run: only 1 of 2 ranks recorded a save after the guard's stop; "
             f"{Path(sys.executable).name} ended with exit 1; not saved: exit 1"
             ) in got.launcher_log, got.launcher_log[-3000:]
+
+
+# torchrun's restarts in place (--max-restarts 1): attempt 0 saves and exits 75 on both
+# ranks, torchrun starts the group again (TORCHELASTIC_RESTART_COUNT=1), and attempt 1 ends
+# as argv[1] says. Only the newest attempt's records count.
+RESTARTED = textwrap.dedent("""
+    import os, sys
+    from cgwatch import saves
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    saves.record_start(rank, local)
+    if attempt == 0:
+        saves.record_save(rank, local, 10)
+        sys.exit(75)
+    if sys.argv[1] == "stop-again":
+        saves.record_save(rank, local, 20)
+        sys.exit(75)
+    sys.exit(1 if sys.argv[1] == "fail" and rank == 1 else 0)
+""")
+
+
+@pytest.mark.parametrize("then, status, line", [
+    ("finish", 0, ""),
+    # attempt 0's saves do not vouch for attempt 1's failure
+    ("fail", 1, ""),
+    ("stop-again", GUARD_EXIT_STATUS, "every rank (2) saved at step 20 after the guard's stop"),
+])
+def test_torchrun_restarts_only_the_newest_attempt_counts(
+        env: dict[str, str], tmp_path: Path, then: str, status: int, line: str) -> None:
+    job = tmp_path / "job.py"
+    job.write_text(RESTARTED)
+    argv = [*RUN, sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            "--nproc_per_node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(job), then]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert "exitcode: 75" in err or "exitcode : 75" in err, err[-3000:]  # attempt 0's 75
+    assert proc.returncode == status, err[-3000:]
+    assert (line in err) if line else ("cgwatch run: every rank" not in err), err[-3000:]
