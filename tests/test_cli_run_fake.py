@@ -329,3 +329,64 @@ def test_run_verbose_coalesces_a_burst(host: FakeHost) -> None:
         assert chain[0][0] == 0 and chain[-1][1] == 3, lines
         assert all(a[1] == b[0] for a, b in zip(chain, chain[1:])), lines
         assert 1 <= len(lines) <= 3 and not any("rises in" in line for line in lines), lines
+
+
+RANKS_SAVE = (  # two "ranks" record their save (cgwatch/saves.py), then the launcher fails
+    "import os, sys\n"
+    "from cgwatch import saves\n"
+    "for rank in range(int(sys.argv[1])):\n"
+    "    saves.record_start(rank, 2)\n"
+    "saves.record_save(0, 2, 41, 'ckpt/checkpoint-41')\n"
+    "if sys.argv[1] == '2':\n"
+    "    saves.record_save(1, 2, 41, 'ckpt/checkpoint-41')\n"
+    "print(os.environ['CGWATCH_SAVES_DIR'])\n"
+    "sys.stdout.flush()\n"
+    "os.kill(os.getpid(), int(sys.argv[2])) if sys.argv[2] != '0' else sys.exit(1)\n")
+
+
+@pytest.mark.parametrize("saved, signum, status, line", [
+    # torchrun's 1 for workers that exited 75, after both ranks recorded their save.
+    ("2", "0", 75, "cgwatch run: every rank (2) saved at step 41 after the guard's stop; "
+                   "python ended with exit 1; exit 75 (saved, may be resumed)\n"),
+    # Lightning's launcher (rank 0) SIGKILLed by its observer after both saved.
+    ("2", "9", 75, "cgwatch run: every rank (2) saved at step 41 after the guard's stop; "
+                   "python ended with killed by SIGKILL; exit 75 (saved, may be resumed)\n"),
+    # One rank never recorded its save: never 75.
+    ("1", "0", 1, "cgwatch run: only 1 of 2 ranks recorded a save after the guard's stop; "
+                  "python ended with exit 1; not saved: exit 1\n"),
+])
+def test_run_exits_75_when_every_rank_recorded_its_save(
+        host: FakeHost, saved: str, signum: str, status: int, line: str) -> None:
+    proc = cgwatch(host, "run", "--", sys.executable, "-c", RANKS_SAVE, saved, signum)
+    out, err = proc.communicate(timeout=60)
+    name = os.path.basename(sys.executable)
+    assert (proc.returncode, err) == (status, line.replace("python", name))
+    directory = out.strip()
+    assert os.path.basename(directory).startswith("cgwatch-saves-")
+    assert not os.path.exists(directory)  # run removed what it made
+
+
+def test_run_json_has_the_ranks_saves(host: FakeHost) -> None:
+    proc = cgwatch(host, "run", "--json", "--", sys.executable, "-c", RANKS_SAVE, "2", "0")
+    _, err = proc.communicate(timeout=60)
+    data = json.loads(err)
+    assert proc.returncode == 75 and data["exit_status"] == 75
+    assert data["saves"] == {
+        "saved": 2, "expected": 2, "ranks": 2, "attempt": 0, "step": 41, "complete": True,
+        "line": f"cgwatch run: every rank (2) saved at step 41 after the guard's stop; "
+                f"{os.path.basename(sys.executable)} ended with exit 1; exit 75 (saved, may be "
+                "resumed)"}
+
+
+
+def test_no_temporary_directory_no_records(tmp_path: Any,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # $TMPDIR unwritable (a read-only container): CMD runs as before, nothing added to its
+    # environment, its status passed on.
+    import tempfile
+
+    from cgwatch.cli.run import child_environment, make_saves_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    assert make_saves_dir() is None
+    assert child_environment(None, 0, None) is None

@@ -72,6 +72,7 @@ LAYER = {
     "cgwatch.slurmctl": "I/O edges",
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
+    "cgwatch.saves": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
@@ -139,7 +140,7 @@ PUBLIC = {
     "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
     "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed",
     "cgwatch.integrations.deepspeed_guard", "cgwatch.integrations.transformers",
-    "cgwatch.integrations.lightning", "cgwatch.cli",
+    "cgwatch.integrations.lightning", "cgwatch.saves", "cgwatch.cli",
     "cgwatch.cli.__main__",
 }
 

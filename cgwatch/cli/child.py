@@ -1,6 +1,6 @@
 """Internal. CMD's process under `cgwatch run`: the signals relayed to it, its exit status as a
-shell reports it, and cgwatch's own OOM score lowered below it (run.py's module docstring
-gives the rules)."""
+shell reports it (and 75 when every rank recorded its save, saves.py), and cgwatch's own OOM
+score lowered below it (run.py's module docstring gives the rules)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from .. import names
 from ..files import under_root
+from ..guard import GUARD_EXIT_STATUS
+from ..saves import Saves
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 LEFT_TO_CHILD = (signal.SIGINT, signal.SIGQUIT)
@@ -20,6 +22,31 @@ OOM_SCORE_ADJ = -500  # half the limit off our badness: CMD's processes go first
 def exit_status(returncode: int) -> int:
     """Popen's returncode as a shell reports it: -N (killed by signal N) -> 128+N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def saved_status(status: int, saves: Saves, name: str) -> tuple[int, str]:
+    """`run`'s status once the ranks' records are read (saves.py), and a line to print ("":
+    none); pure. `status`: what `run` would exit with otherwise. A launcher that ended in
+    failure (torchrun's 1 for workers that exited 75, Lightning's 137 for a rank 0 its
+    observer killed) after every rank of its newest attempt recorded its save: 75. CMD's 0
+    (finished, perhaps after torchrun restarted the group itself) and 75 stay; with a rank
+    that did not record its save, the status stays and the line says how many did."""
+    if saves.expected == 0 or status in (0, GUARD_EXIT_STATUS) or saves.saved == 0:
+        return status, ""
+    ended = f"exit {status}"
+    if 128 < status < 128 + signal.NSIG:
+        try:
+            ended = f"killed by {signal.Signals(status - 128).name}"
+        except ValueError:  # a real-time signal: no name
+            ended = f"killed by signal {status - 128}"
+    if saves.complete:
+        at = f" at step {saves.step}" if saves.step is not None else ""
+        return GUARD_EXIT_STATUS, (
+            f"cgwatch run: every rank ({saves.saved}) saved{at} after the guard's stop; "
+            f"{name} ended with {ended}; exit {GUARD_EXIT_STATUS} (saved, may be resumed)")
+    return status, (f"cgwatch run: only {saves.saved} of {saves.expected} ranks recorded a "
+                    f"save after the guard's stop; {name} ended with {ended}; not saved: "
+                    f"exit {status}")
 
 
 def prefer_not_to_be_killed(root: str) -> Optional[int]:

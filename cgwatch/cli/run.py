@@ -41,6 +41,12 @@ events, exit with CMD's status, and say why when the OOM killer struck.
   a kill that comes anyway is explained as always (runguard.py). CMD torchrun: the signal
   goes to its workers, and torchrun's 0 (every worker exited 0) makes 75 (runguard.py
   `is_torchrun` says why).
+- Ranks that save (the adapters; saves.py): CMD gets CGWATCH_SAVES_DIR, a fresh directory
+  `run` owns and removes after CMD ended, where each rank records that it started and that
+  it saved after its guard's stop. When every rank of the newest attempt saved, a failure
+  status of the launcher (torchrun's 1 for workers exiting 75, Lightning's launcher's 137)
+  becomes 75, with a line saying so; a rank that did not record its save leaves the status
+  as it was (child.py `saved_status`).
 - `--restarts N` (with --guard): an attempt that would exit 75 is run again, up to N times,
   with a doubling back-off and CGWATCH_RESTART=k; a stop at the same step twice ends the
   restarts (restarts.py has the rules). Each attempt gets its own guard and its own lines.
@@ -59,16 +65,19 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..events import Events, Item
 from ..monitor import Monitor
+from ..saves import SAVES_ENV, Saves, all_saved, read_records
 from .cause import Cause, ShmSampler, find_cause, read_host_oom_kills, report_json, write_report
-from .child import SignalRelay, exit_status, prefer_not_to_be_killed
+from .child import SignalRelay, exit_status, prefer_not_to_be_killed, saved_status
 from .coalesce import Coalescer, rises_suffix
 from .explain import signal_name
 from .format import format_item
@@ -158,10 +167,12 @@ def _attempt(args: argparse.Namespace, command: list[str], restart: int,
     if isinstance(ran, int):
         return ran  # CMD could not start (126, 127)
     life.recorder = ran.recorder
-    status, data, outcome = _build_report(args, command, ran)
+    status, data, outcome, saves_line = _build_report(args, command, ran)
     if not args.json:
-        _say(outcome, ran.cause)
+        _say(outcome, saves_line, ran.cause)
     step = parse_step(outcome["checkpoint"]) if outcome else None
+    if step is None and ran.saves.complete:
+        step = ran.saves.step  # the ranks' records name the step they saved (saves.py)
     life.step = step
     if data:
         data.pop("timeline", None)  # the life's one timeline is in life_report
@@ -233,8 +244,9 @@ class _Ran:
 
     def __init__(self, pid: int, returncode: int, cause: Cause, runlog: RunLog,
                  shm: ShmSampler, guarding: Optional[GuardThread],
-                 recorder: Optional[Recorder], ended_at: float) -> None:
+                 recorder: Optional[Recorder], ended_at: float, saves: Saves) -> None:
         self.pid = pid
+        self.saves = saves  # what the ranks recorded (saves.py)
         self.ended_at = ended_at  # time.monotonic() when CMD's exit was reaped
         self.returncode = returncode
         self.cause = cause
@@ -273,44 +285,65 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
         with SignalRelay() as relay, ShmSampler(args.root) as shm, \
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
+            saves_dir = make_saves_dir()
             try:
-                proc = subprocess.Popen(command, env=child_environment(guarding, restart))
-            except FileNotFoundError:
-                print(f"cgwatch run: {command[0]}: command not found", file=sys.stderr)
-                return 127
-            except OSError as e:  # not executable, not a program, ...
-                print(f"cgwatch run: {command[0]}: {e.strerror or e}", file=sys.stderr)
-                return 126
-            relay.started(proc)
-            if guarding is not None:
-                guarding.start(proc, command)
-            prefer_not_to_be_killed(args.root)
-            returncode = proc.wait()
-            ended_at = time.monotonic()
+                try:
+                    proc = subprocess.Popen(command, env=child_environment(
+                        guarding, restart, saves_dir))
+                except FileNotFoundError:
+                    print(f"cgwatch run: {command[0]}: command not found", file=sys.stderr)
+                    return 127
+                except OSError as e:  # not executable, not a program, ...
+                    print(f"cgwatch run: {command[0]}: {e.strerror or e}", file=sys.stderr)
+                    return 126
+                relay.started(proc)
+                if guarding is not None:
+                    guarding.start(proc, command)
+                prefer_not_to_be_killed(args.root)
+                returncode = proc.wait()
+                ended_at = time.monotonic()
+                saves = all_saved(read_records(saves_dir) if saves_dir else [])
+            finally:
+                if saves_dir:
+                    shutil.rmtree(saves_dir, ignore_errors=True)
         events.scan_now()  # rises that landed after the last notification was read
         if recorder is not None:
             status = guarded_status(returncode, guarding.fired, guarding.signum) \
                 if guarding is not None else exit_status(returncode)
+            status = saved_status(status, saves, name)[0]
             recorder.mark("exit", end_label(returncode, status), final=True,
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
-    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at)
+    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves)
 
 
-def child_environment(guarding: Optional[GuardThread], restart: int) -> Optional[dict[str, str]]:
-    """CMD's environment: ours (None), with the guard's additions and CGWATCH_RESTART."""
+def make_saves_dir() -> Optional[str]:
+    """A fresh directory for the ranks' save records (saves.py), or None where none can be
+    made (an unwritable $TMPDIR): CMD then runs as before, its status passed on as it is."""
+    try:
+        return tempfile.mkdtemp(prefix="cgwatch-saves-")
+    except OSError:
+        return None
+
+
+def child_environment(guarding: Optional[GuardThread], restart: int,
+                      saves_dir: Optional[str] = None) -> Optional[dict[str, str]]:
+    """CMD's environment: ours (None), with the guard's additions, CGWATCH_RESTART and
+    CGWATCH_SAVES_DIR."""
     env = guarding.environment() if guarding is not None else None
     if restart:
         env = {**(env if env is not None else os.environ), RESTART_ENV: str(restart)}
+    if saves_dir is not None:
+        env = {**(env if env is not None else os.environ), SAVES_ENV: saves_dir}
     return env
 
 
 def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
     """Say why CMD ended (text or JSON, the report file, the plot); `run`'s exit status."""
-    status, data, outcome = _build_report(args, command, ran)
+    status, data, outcome, saves_line = _build_report(args, command, ran)
     if args.report:
         write_report(args.report, data)
     if args.plot and ran.recorder is not None:
@@ -318,17 +351,19 @@ def _report(args: argparse.Namespace, command: list[str], ran: _Ran) -> int:
     if args.json:
         print(json.dumps(data), file=sys.stderr, flush=True)
         return status
-    _say(outcome, ran.cause)
+    _say(outcome, saves_line, ran.cause)
     return status
 
 
 def _build_report(args: argparse.Namespace, command: list[str],
-                  ran: _Ran) -> tuple[int, dict[str, Any], Optional[dict[str, Any]]]:
-    """`run`'s exit status, the JSON report ({} unless --json or --report) and what came of
-    the guard's signal (None: it did not fire)."""
+                  ran: _Ran) -> tuple[int, dict[str, Any], Optional[dict[str, Any]], str]:
+    """`run`'s exit status, the JSON report ({} unless --json or --report), what came of
+    the guard's signal (None: it did not fire) and the line on the ranks' save records ("":
+    none to say)."""
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
     status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
+    status, saves_line = saved_status(status, ran.saves, os.path.basename(command[0]))
     outcome = guarding.outcome(ran.returncode, ran.ended_at) if guarding is not None else None
     data: dict[str, Any] = {}
     if args.json or args.report:
@@ -340,15 +375,22 @@ def _build_report(args: argparse.Namespace, command: list[str],
                 **fired.as_dict(), "signal": signal_name(guarding.signum),
                 "seconds_to_exit": outcome["seconds"], "saved": outcome["saved"],
                 "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
+        if ran.saves.expected:
+            data["exit_status"] = status
+            data["saves"] = {**ran.saves._asdict(), "complete": ran.saves.complete,
+                             "line": saves_line}
         if ran.recorder is not None:
             data["timeline"] = ran.recorder.as_dict()
-    return status, data, outcome
+    return status, data, outcome, saves_line
 
 
-def _say(outcome: Optional[dict[str, Any]], cause: Cause) -> None:
-    """The text report: what came of the guard's signal, then why CMD ended."""
+def _say(outcome: Optional[dict[str, Any]], saves_line: str, cause: Cause) -> None:
+    """The text report: what came of the guard's signal, what the ranks' save records
+    made of the status, then why CMD ended."""
     if outcome is not None:
         print(outcome["line"], file=sys.stderr, flush=True)
+    if saves_line:
+        print(saves_line, file=sys.stderr, flush=True)
     for text in cause.texts():
         print(text, file=sys.stderr, flush=True)
 

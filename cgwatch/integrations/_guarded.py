@@ -3,7 +3,9 @@
 first use), the verdict they acted on, the exit after the framework has returned. Every
 adapter (those two and `deepspeed.py`'s accelerator): the class built on top of the
 framework's base only when first asked for (`LazyClass`: importing an adapter imports no
-framework, and this module imports no guard until one is made)."""
+framework, and this module imports no guard until one is made). The callbacks also say,
+under `cgwatch run`, that this rank started and that it saved after its guard's stop
+(`cgwatch/saves.py`: how `run` exits 75 when the launcher cannot say it)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,21 @@ class GuardUser:
         self.guard = guard
         self.stopped = None
         self._guard_kwargs = guard_kwargs
+        self._rank: Optional[tuple[int, int]] = None  # (global rank, ranks on this node)
+
+    def _record_start(self, rank: int, local_world_size: int) -> None:
+        """This rank's trainer started (for `cgwatch run`, saves.py; nothing elsewhere)."""
+        from cgwatch import saves
+
+        self._rank = (rank, local_world_size)
+        saves.record_start(rank, local_world_size)
+
+    def _record_save(self, step: Optional[int], checkpoint: Optional[str]) -> None:
+        """This rank's part of the guard's save is done (saves.py)."""
+        if self._rank is not None:
+            from cgwatch import saves
+
+            saves.record_save(*self._rank, step, checkpoint)
 
     def _the_guard(self) -> Guard:
         if self.guard is None:

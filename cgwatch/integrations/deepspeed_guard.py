@@ -19,19 +19,30 @@ at every step: ZeRO's save is a collective (each rank writes its optimizer parti
 the guard's all-reduce (cgwatch/ranks.py) gives every rank the same answer at the same step.
 Resume with `engine.load_checkpoint(save_dir, tag)` (tag None: the `latest` file).
 
+Under `cgwatch run`, `guard_step` also records, at its first call for a guard and right
+after the save, that this rank started and saved (cgwatch/saves.py, with
+`engine.global_rank`): `run` then exits 75 once every rank saved, although torchrun exits 1
+for workers that exit 75.
+
 Importing this module imports neither torch nor DeepSpeed (it only calls the engine you
 pass; tested with deepspeed 0.19.8, ZeRO-2 on the CPU accelerator).
 """
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
+
+from cgwatch import saves
 
 if TYPE_CHECKING:
     from cgwatch.guard import Guard
     from cgwatch.policy import Verdict
 
 __all__ = ["guard_step", "save_checkpoint"]
+
+_started: weakref.WeakSet[Any] = weakref.WeakSet()  # guards whose rank recorded its start
 
 
 def save_checkpoint(guard: Guard, engine: Any, save_dir: str, **kwargs: Any) -> Any:
@@ -45,7 +56,19 @@ def guard_step(guard: Guard, engine: Any, step: Optional[int], save_dir: str,
                **kwargs: Any) -> Verdict:
     """`guard.check(step)`; when it says stop, save first (`save_checkpoint`). Returns the
     verdict: the loop then stops (`guard.exit(verdict)`)."""
+    if guard not in _started:
+        _started.add(guard)
+        saves.record_start(*_rank(engine))
     verdict = guard.check(step)
     if verdict.stop:
         save_checkpoint(guard, engine, save_dir, **kwargs)
+        saves.record_save(*_rank(engine), step, save_dir)
     return verdict
+
+
+def _rank(engine: Any) -> tuple[int, int]:
+    """(global rank, ranks on this node): torchrun sets LOCAL_WORLD_SIZE; without it, one
+    node of the engine's world size."""
+    rank = int(getattr(engine, "global_rank", 0))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return rank, int(local) if local.isdigit() else int(getattr(engine, "world_size", 1))

@@ -14,7 +14,10 @@ mid-epoch like one of its own: with a resumable loader such as torchdata's
 `StatefulDataLoader`) to `dirpath/filename` (default: the trainer's `default_root_dir`,
 `guard-step=<step>.ckpt`), times the save for the guard, and sets `trainer.should_stop`.
 Under DDP every rank gets the same answer at the same step (the guard's all-reduce,
-cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collective.
+cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collective. Under
+`cgwatch run` each rank also records that it started (`setup`) and that it saved (right
+after the save; cgwatch/saves.py): `run` then exits 75 once every rank saved, whatever
+Lightning's launcher ended with (137 when its observer killed rank 0 after rank 1's 75).
 
 Lightning's own SIGUSR1 auto-requeue (Slurm) is left alone: this callback installs no signal
 handler (Lightning installs its own only where SIGUSR1 has none, so one of ours would turn
@@ -63,6 +66,8 @@ def _build() -> type:
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             self._the_guard()
+            # On every rank, after the launcher started them; num_devices: ranks per node.
+            self._record_start(trainer.global_rank, trainer.num_devices)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
@@ -74,8 +79,9 @@ def _build() -> type:
             directory = self.dirpath or trainer.default_root_dir
             path = os.path.join(directory, self.filename.format(step=trainer.global_step))
             with guard.saving():
-                trainer.save_checkpoint(path)
+                trainer.save_checkpoint(path)  # a collective, with a barrier in it
             self.path = path
+            self._record_save(trainer.global_step, path)
             trainer.should_stop = True
 
     return GuardCallback

@@ -13,7 +13,10 @@ Trainer writes `checkpoint-<step>/` as for a scheduled save (model, optimizer, s
 states, trainer state) and leaves `train()`. Under torchrun every rank gets the same answer
 at the same step (the guard's all-reduce, cgwatch/ranks.py): a save on one rank only would
 hang in its collective. The time of each save, scheduled or not (from the `on_step_end` that
-asked for it to `on_save`), is reported to the guard, whose forecast allows for it.
+asked for it to `on_save`), is reported to the guard, whose forecast allows for it. Under
+`cgwatch run` each rank also records that it started and, at `on_save` after a stop, that
+it saved (cgwatch/saves.py): `run` then exits 75 once every rank saved, although torchrun
+exits 1 for workers that exit 75.
 
 Importing this module imports neither torch nor transformers: `GuardCallback` is built on
 first access, on top of `transformers.TrainerCallback` (tested with transformers 5.24.0).
@@ -21,6 +24,7 @@ first access, on top of `transformers.TrainerCallback` (tested with transformers
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -50,6 +54,11 @@ def _build() -> type:
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             self._the_guard()
+            # torchrun sets LOCAL_WORLD_SIZE; one process (or a launcher that does not)
+            # is a node of its own.
+            local = os.environ.get("LOCAL_WORLD_SIZE", "")
+            self._record_start(args.process_index,
+                               int(local) if local.isdigit() else args.world_size)
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -66,6 +75,9 @@ def _build() -> type:
             if self._save_asked is not None:
                 self._the_guard().saved(time.monotonic() - self._save_asked)
                 self._save_asked = None
+            if self.stopped is not None:  # this rank's part of the guard's save is written
+                self._record_save(state.global_step, os.path.join(
+                    args.output_dir, f"checkpoint-{state.global_step}"))
             return control
 
     return GuardCallback

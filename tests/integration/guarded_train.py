@@ -36,6 +36,12 @@ to OUT/onecgroup-rank<r>.log (a launcher's streams are shared). The
 rank is $RANK (torchrun) or $LOCAL_RANK (Lightning's own launcher sets only that); the world
 size $WORLD_SIZE, or $GUARDTEST_WORLD where nothing sets it yet (Lightning's first process).
 Each rank's exit status also goes to OUT/<mode>-rank<r>.status as it starts to leave.
+Two faults for tests/integration/test_launcher_exit_75.py: rank $GUARDTEST_KILL_AT_SAVE
+(hf) SIGKILLs itself at the guard's save, in a callback that runs before GuardCallback's
+`on_save`, once rank 0 recorded its save (its part written, its record of the save not: a
+rank killed mid-save); and rank
+0 lingers $GUARDTEST_LINGER_RANK0 seconds before it leaves (Lightning's launcher meanwhile
+sees rank 1's 75).
 In the healthy shapes, the highest usage of $GUARDTEST_USAGE (a cgroup's usage file) read
 while the shape is at its top goes to the result as `peak_usage`: what the test's limit
 leaves free at the job's highest.
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -236,6 +243,11 @@ def hf(job: Job) -> None:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             job.step_done()
 
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if os.environ.get("GUARDTEST_KILL_AT_SAVE") == str(job.rank):
+                _wait_for_rank0_record()
+                os.kill(os.getpid(), signal.SIGKILL)  # before GuardCallback.on_save
+
     class OnSigterm(TrainerCallback):  # type: ignore[misc]
         """requeue mode: the ranks agree on the SIGTERM flag at every step's end (one
         all-reduce: a save on one rank only would hang in its collective), then the Trainer
@@ -278,6 +290,22 @@ def hf(job: Job) -> None:
         job.write(guard.stopped, checkpoint=_last_hf_checkpoint(job.checkpoint))
         guard.exit_if_stopped()
     job.write()
+
+
+def _wait_for_rank0_record(seconds: float = 60.0) -> None:
+    """The kill-at-save fault: first let rank 0 record its save (cgwatch/saves.py), so the
+    run shows a save recorded by one rank only, not none (torchrun SIGTERMs rank 0 0.1 s
+    after this rank's death)."""
+    path = os.path.join(os.environ.get("CGWATCH_SAVES_DIR", "/nonexistent"), "rank-0.json")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                if json.load(f).get("saved"):
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
 
 
 def _last_hf_checkpoint(directory: str) -> Optional[str]:
@@ -427,6 +455,8 @@ def main(argv: list[str]) -> int:
             # rank 0 when its child exits non-zero first (docs/guard.md).
             dist.barrier()
         dist.destroy_process_group()
+    if job.rank == 0:
+        time.sleep(float(os.environ.get("GUARDTEST_LINGER_RANK0", "0")))
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
