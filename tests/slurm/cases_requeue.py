@@ -106,19 +106,27 @@ def requeue_log(job: int) -> list[str]:
         return [line.rstrip() for line in f if f"Requeuing JobId={job}" in line]
 
 
-def check_requeued_once(job: int, seen: list[str], last: dict[str, str], text: str) -> None:
-    """One requeue on 75, then COMPLETED; no OOM kill in either life."""
+def check_requeued(job: int, seen: list[str], last: dict[str, str], text: str,
+                  lives: int) -> None:
+    """`lives` - 1 requeues on 75, then COMPLETED; no OOM kill in any life."""
     assert last["JobState"] == "COMPLETED" and last["ExitCode"] == "0:0", (seen, last, text)
-    assert last["Restarts"] == "1", (seen, last)
+    assert last["Restarts"] == str(lives - 1), (seen, last)
     assert "OUT_OF_MEMORY" not in seen, seen
     # Between the lives the job is PENDING (Reason=BeginTime: held ~cred_expire; a poll may
     # also see COMPLETING, and PENDING with Reason=NonZeroExitCode, for a moment)
-    lives = [state.split("/")[0] for state in seen if state != "COMPLETING"]
-    assert [s for i, s in enumerate(lives) if i == 0 or lives[i - 1] != s][-4:] == \
-        ["RUNNING", "PENDING", "RUNNING", "COMPLETED"], seen
-    assert len(requeue_log(job)) == 1, requeue_log(job)
+    states = [state.split("/")[0] for state in seen if state != "COMPLETING"]
+    runs = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
+    assert runs[-(2 * lives):] == ["RUNNING", "PENDING"] * (lives - 1) + \
+        ["RUNNING", "COMPLETED"], seen
+    assert len(requeue_log(job)) == lives - 1, requeue_log(job)
     ends = re.findall(r"^life (\d) exit (\d+) oom_kill job (\d+) step (\d+) at ", text, re.M)
-    assert ends == [("0", "75", "0", "0"), ("1", "0", "0", "0")], text
+    assert ends == [(str(k), "75", "0", "0") for k in range(lives - 1)] + \
+        [(str(lives - 1), "0", "0", "0")], text
+
+
+def lives_of(text: str) -> int:
+    """How many lives the job's output shows (one `life K start` line each)."""
+    return len(re.findall(r"^life \d start ", text, re.M))
 
 
 def requeue_seconds(text: str) -> float:
@@ -147,7 +155,7 @@ def test_run_guard_job_is_requeued_resumes_and_completes(tmp_path: Path) -> None
     text = Path(output).read_text()
     print(f"job {job}: {' -> '.join(seen)}; {wall:.1f} s from sbatch, {ran:.1f} s from the "
           f"first start\n{text}\n" + "\n".join(requeue_log(job)))
-    check_requeued_once(job, seen, last, text)
+    check_requeued(job, seen, last, text, 2)
     print(f"requeue: {requeue_seconds(text):.1f} s from the first life's end to the second's")
     assert text.count("cgwatch guard: stopping to save: sending SIGTERM") == 1, text
     assert re.search(r"cgwatch guard: python saved and exited 0 [\d.]+ s after SIGTERM; "
@@ -224,25 +232,42 @@ def test_run_guard_torchrun_hf_job_is_requeued_resumes_and_completes(tmp_path: P
     print(f"job {job}: {' -> '.join(seen)}; {wall:.1f} s from sbatch, {ran:.1f} s from the "
           f"first start\n" + "\n".join(lines + requeue_log(job)))
     assert ref.returncode == 0, ref_out[-3000:]
-    check_requeued_once(job, seen, last, text[-5000:])
+    # How many lives the leak needs depends on the job's base: torch's and transformers'
+    # files read first inside the job's cgroup are charged to it (v1 charges a page to the
+    # cgroup that first touches it; mapped libraries stay active, so they count as working
+    # set). With a venv already in the page cache the first life stopped at step 92-95 of
+    # 150 (2 lives); a venv of a fresh checkout made the base ~150 MiB higher, the first life
+    # stopped at step 60 and a third life was needed. Both are the loop working.
+    lives = lives_of(text)
+    assert 2 <= lives <= 3, text[-5000:]
+    check_requeued(job, seen, last, text[-5000:], lives)
     print(f"requeue: {requeue_seconds(text):.1f} s from the first life's end to the second's")
-    assert text.count("cgwatch guard: stopping to save: sending SIGTERM") == 1, text[-5000:]
-    assert re.search(r"cgwatch guard: torchrun's 2 worker\(s\) saved and exited 0 .*exit 75",
-                     text), text[-5000:]
-    for life in (0, 1):
+    assert text.count("cgwatch guard: stopping to save: sending SIGTERM") == lives - 1, \
+        text[-5000:]
+    assert len(re.findall(r"cgwatch guard: torchrun's 2 worker\(s\) saved and exited 0 .*exit 75",
+                          text)) == lives - 1, text[-5000:]
+    for life in range(lives):
         assert [(out / f"requeue{life}-rank{r}.status").read_text() for r in (0, 1)] \
             == ["0", "0"], life
-    first = [json.loads((out / f"requeue0-rank{r}.json").read_text()) for r in (0, 1)]
-    stop = first[0]["stopped_at"]
-    assert first[1]["stopped_at"] == stop and 0 < stop < HF_STEPS, first  # the same step
-    second = [json.loads((out / f"requeue1-rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["resumed_from"] for r in second] == [str(out / "hf-checkpoint" /
-                                                       f"checkpoint-{stop}")] * 2
-    print(f"stopped at step {stop} of {HF_STEPS}; resumed there on both ranks")
+    results = [[json.loads((out / f"requeue{life}-rank{r}.json").read_text()) for r in (0, 1)]
+               for life in range(lives)]
+    stops = [0]
+    for life in range(lives - 1):
+        stop = results[life][0]["stopped_at"]
+        assert results[life][1]["stopped_at"] == stop and stops[-1] < stop < HF_STEPS, \
+            results[life]  # the same step on both ranks
+        assert [r["resumed_from"] for r in results[life + 1]] == \
+            [str(out / "hf-checkpoint" / f"checkpoint-{stop}")] * 2
+        stops.append(stop)
+    print(f"{lives} lives; stopped at steps {stops[1:]} of {HF_STEPS}; resumed there on both "
+          "ranks")
+    stops.append(HF_STEPS)
     for r in (0, 1):
         # Every step once (0 redone: the save is at the stop), the losses of a run that
         # never stopped, step for step (the Trainer restores the RNGs and the sampler).
-        before, after = hf_losses(out, "requeue0", r), hf_losses(out, "requeue1", r)
-        assert sorted(before) == list(range(1, stop + 1)), r
-        assert sorted(after) == list(range(stop + 1, HF_STEPS + 1)), r
-        assert {**before, **after} == hf_losses(reference, "reference", r), r
+        every: dict[int, float] = {}
+        for life in range(lives):
+            losses = hf_losses(out, f"requeue{life}", r)
+            assert sorted(losses) == list(range(stops[life] + 1, stops[life + 1] + 1)), (r, life)
+            every.update(losses)
+        assert every == hf_losses(reference, "reference", r), r
