@@ -82,6 +82,14 @@ JOB = textwrap.dedent("""
                 "gen": gen.get_state(), "step": step, "losses": losses}, path + ".tmp")
     os.rename(path + ".tmp", path)
     dist.destroy_process_group()
+    # Leave without the interpreter's exit (docs/guard.md, "Ending a rank"): a gloo worker
+    # thread may still be releasing the last all-reduce's work, and with it `flag`, whose
+    # Python object it must decref under the GIL; once Py_Finalize has begun, CPython ends
+    # a thread that asks for the GIL with pthread_exit, whose unwinding crosses a noexcept
+    # C++ destructor (~AsyncWork): std::terminate, SIGABRT (torch 2.13 CPU, Python 3.11).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 """)
 
 
