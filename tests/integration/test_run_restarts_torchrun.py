@@ -115,12 +115,6 @@ def final_losses(ckpt: Path, rank: int) -> list[float]:
     return losses
 
 
-# Quarantined, not dropped: in the last clean-clone run (E) a rank answered the guard's
-# SIGTERM with a C++ abort ("terminate called without an active exception", exit -6) and the
-# run ended 1; it had passed 5 of 6 runs before. Until the job's SIGTERM path under torchrun
-# is made safe, a red test command would hide every other tier. The plain --restarts path
-# stays tested in the host tier (tests/test_cli_restarts_real.py). Issue 25.
-@pytest.mark.skip(reason="quarantined: a rank aborted on SIGTERM in 1 of 6 runs (issue 25)")
 def test_restarts_around_torchrun_finish_the_job(tree: Tree, env: dict[str, str],
                                                  tmp_path: Path) -> None:
     job = tmp_path / "job.py"
