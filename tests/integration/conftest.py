@@ -25,11 +25,15 @@ def tree() -> Iterator[Tree]:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """The children's environment: no cgwatch/DeepSpeed switches inherited, and an empty
-    torch extensions dir (so a run that tried to JIT-compile an op would show it)."""
+    """The children's environment: no cgwatch/DeepSpeed switches inherited, an empty torch
+    extensions dir (so a run that tried to JIT-compile an op would show it), and torch's
+    compile cache in the test's own directory: `import lightning` imports torch._dynamo, which
+    makes that directory at import (torch 2.13), by default $TMPDIR/torchinductor_<user>, so
+    a tier run without its own TMPDIR would leave it in /tmp."""
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("CGWATCH", "DS_ACCELERATOR"))}
     e["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")
+    e["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "torchinductor")
     e["PYTHONUNBUFFERED"] = "1"
     return e
 

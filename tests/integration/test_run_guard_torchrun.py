@@ -56,7 +56,11 @@ JOB = textwrap.dedent("""
             with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
                 json.dump({"step": step, "rank": rank}, f)
             dist.destroy_process_group()
-            sys.exit(0)
+            # Not sys.exit: the interpreter's exit can abort a gloo rank (docs/guard.md,
+            # "Ending a rank"; test_run_restarts_torchrun.py's job says why).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         time.sleep(0.05)
 """)
 
