@@ -247,16 +247,18 @@ class LargestRise:
     by "reserve" with 90 % of its 512 MiB free: bench.campaign).
 
     `room(available)`: the headroom the next piece needs. None while the job is within a
-    piece of a depth it came back from (`turned`: the least headroom after which it gave at
-    least half a piece back): a sawtooth's peaks, a batch's, which it has survived and
-    left; the whole piece once the job goes beyond that (stairs, a leak in pieces, which
-    never give back). The price: a job that turned at a depth many times is trusted to
-    that depth plus one piece."""
+    piece of a depth it came back from (`turned`: the least headroom after which it gave
+    back at least half the climb that reached it): a sawtooth's peaks, a batch's, an
+    evaluation's, which it has survived and left (half of that climb, not of the largest
+    piece: a 60 % model load then a 20 % evaluation spike gives back 20 %, and its depth is
+    one it came back from); the whole piece once the job goes beyond that (stairs, a leak
+    in pieces, which never give back). The price: a job that turned at a depth many times
+    is trusted to that depth plus one piece."""
 
     def __init__(self) -> None:
         self.largest = 0  # the largest piece taken twice (the same size, within 1/_SAME)
         self.turned: Optional[int] = None  # the least headroom the job came back from
-        self._top = 0  # the largest piece, seen once at least
+        self._reached = 0  # the climb that reached the least headroom (`_low`)
         self._pieces: list[int] = []  # the last _KEPT pieces, oldest first
         self._climb = 0  # the fall of the piece still being taken (checks falling in a row)
         self._last: Optional[int] = None
@@ -272,7 +274,7 @@ class LargestRise:
             return self.largest
         if limit != self._limit:  # another level, or its limit changed: its depths are new
             self._limit, self._last, self._low, self.turned = limit, None, None, None
-            self._climb = 0
+            self._climb = self._reached = 0
         last, self._last = self._last, available
         if last is not None:
             fall = last - available
@@ -283,7 +285,9 @@ class LargestRise:
                 self._climb = 0
         if self._low is None or available < self._low:
             self._low = available
-        elif available - self._low >= max(self._top // 2, _NOISE):
+            if self._climb:  # the climb going on reached it; a drift within the noise
+                self._reached = self._climb  # keeps the climb that reached the depth
+        elif available - self._low >= max(self._reached // 2, _NOISE):
             self.turned = self._low if self.turned is None else min(self.turned, self._low)
             self._low = available
         return self.largest
@@ -295,7 +299,6 @@ class LargestRise:
                 self.largest = small
         self._pieces.append(piece)
         del self._pieces[:-_KEPT]
-        self._top = max(self._top, piece)
 
     def room(self, available: Optional[int]) -> int:
         """The headroom the next piece needs beyond the reserve (bytes): the largest piece,

@@ -204,6 +204,16 @@ BOUND_RISES = [
                  id="sawtooth-then-beyond-its-depth-by-a-piece"),
     pytest.param([(500, 512), (440, 512), (440, 512), (380, 512), (380, 512), (320, 512),
                   (320, 512)], (60, 60), id="stairs"),
+    # a drift within the noise and a jitter of 1 MiB on a stair are no coming back: a depth
+    # is one the job came back from when it gave back half the climb that reached it
+    pytest.param([(500, 512), (440, 512), (440, 512), (439.5, 512), (440.5, 512), (380, 512),
+                  (380, 512), (320, 512), (320, 512)], (60, 60), id="stairs-with-noise"),
+    # a model load (300 MiB), then an evaluation's 60 MiB twice: the evaluation's depth is
+    # one the job came back from (it gave back the 60 MiB that reached it), so its second
+    # top needs no room (half the largest climb, 150 MiB, was never given back)
+    pytest.param([(500, 512), (350, 512), (200, 512), (200, 512), (140, 512), (140, 512),
+                  (200, 512), (200, 512), (140, 512), (140, 512)], (60, 0),
+                 id="a-model-then-an-evaluation-twice"),
     # a new limit (the job moved, or resized): the depths known are of the old one
     pytest.param([(500, 512), (440, 512), (440, 512), (380, 512), (380, 512), (500, 512),
                   (440, 512), (440, 512), (380, 512), (380, 512), (900, 1024), (840, 1024),
@@ -213,11 +223,12 @@ BOUND_RISES = [
 
 @pytest.mark.parametrize(("checks", "want"), BOUND_RISES)
 def test_largest_rise_learns_only_a_guarded_levels_figure(
-        checks: list[tuple[int, Optional[int]]], want: tuple[int, int]) -> None:
+        checks: list[tuple[float, Optional[int]]], want: tuple[int, int]) -> None:
     rise = LargestRise()
     for available, limit in checks:
-        rise.update(available * MiB, None if limit is None else limit * MiB)
-    assert (rise.largest, rise.room(checks[-1][0] * MiB)) == (want[0] * MiB, want[1] * MiB)
+        rise.update(int(available * MiB), None if limit is None else limit * MiB)
+    assert (rise.largest, rise.room(int(checks[-1][0] * MiB))) == (want[0] * MiB,
+                                                                    want[1] * MiB)
 
 
 def test_a_known_depth_without_the_new_limit() -> None:
