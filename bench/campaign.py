@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import random
 import re
@@ -254,6 +255,14 @@ def classify(record: dict[str, Any], shape: shapes.Shape) -> dict[str, Any]:
     record["life"] = life
     record["life_share"] = max(0.0, stop_at / life) if stopped and life and \
         stop_at is not None else None
+    # What the share can be at best with the guard's 5 % reserve kept (campaign_shapes.
+    # ceiling_of), and the seconds of the life a stop gave away: on the campaign's lives of
+    # 25-40 s a lead of a few seconds is a large share, on an hour's job a small one.
+    ceiling = start.get("ceiling")
+    record["ceiling_share"] = ceiling / life if ceiling is not None and life and \
+        math.isfinite(ceiling) and math.isfinite(life) else None
+    record["given_away"] = max(0.0, life - stop_at) if record["life_share"] is not None \
+        else None
     message = result.get("message") or ""
     if not message and record.get("stderr"):
         lines = [ln for ln in record["stderr"].splitlines() if "cgwatch guard" in ln]
@@ -561,11 +570,13 @@ def tables(records: list[dict[str, Any]]) -> str:
         + " | | | |")
     lines += ["", "Leaking shapes (goal: >= 95 % saved before the kill; median life share "
               ">= 90 %). Life share = the stop's time / the time the shape reaches the room "
-              "the job had once started.", "",
+              "the job had once started (its life). Ceiling = the latest stop that keeps the "
+              "guard's 5 % reserve free, over the life (a stop after the last stair that "
+              "fits cannot reach it). Given away = the life minus the stop's time.", "",
               "| shape | runs | stops | of them in start-up | saved before the kill | OOM kills "
-              "| life share, median (min-max) | saved per way (" + " / ".join(ways) + ") "
-              "| median life share per way |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| life share, median (min-max) | ceiling | given away, median | saved per way ("
+              + " / ".join(ways) + ") | median life share per way |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in leaking:
         rs = [r for r in records if row_name(r) == name]
         shares = sorted(r["life_share"] for r in rs if r["life_share"] is not None)
@@ -575,11 +586,15 @@ def tables(records: list[dict[str, Any]]) -> str:
                                   for w in ways)
         saved_by_way = " / ".join(f"{sum(r['saved'] for r in rs if r['way'] == w)}/"
                                   f"{sum(1 for r in rs if r['way'] == w)}" for w in ways)
+        ceilings = [r["ceiling_share"] for r in rs if r.get("ceiling_share") is not None]
+        ceiling = f"{statistics.median(ceilings):.0%}" if ceilings else "—"
+        away = [r["given_away"] for r in rs if r.get("given_away") is not None]
+        given = f"{statistics.median(away):.1f} s" if away else "—"
         lines.append(f"| {name} | {len(rs)} | {sum(r['stopped'] for r in rs)} | "
                      f"{sum(r['during_startup'] for r in rs)} | "
                      f"{_pct(sum(r['saved'] for r in rs), len(rs))} | "
-                     f"{sum(r['killed'] for r in rs)} | {share} | {saved_by_way} | "
-                     f"{share_by_way} |")
+                     f"{sum(r['killed'] for r in rs)} | {share} | {ceiling} | {given} | "
+                     f"{saved_by_way} | {share_by_way} |")
     averages = [r["loadavg"] for r in records]
     if averages:
         lines += ["", f"Load average (1 min) at the runs' starts: {min(averages):.1f}-"

@@ -104,8 +104,10 @@ class Job:
         rng = random.Random(self.args.seed)
         self.target = self.shape.make(rng, scale, room, seconds)
         life = shapes.life_of(self.target, room, seconds * 3) if self.shape.leaks else None
+        ceiling = shapes.ceiling_of(self.target, room, int(limit * shapes.RESERVE_SHARE),
+                                    seconds * 3) if self.shape.leaks else None
         self.result.update(limit=limit, usage_at_start=usage, room=room, seconds=seconds,
-                           life=life)
+                           life=life, ceiling=ceiling)
         write_json(self.args.out + ".start", dict(self.result, t0_wall=time.time()))
         if self.shape.kind == "worker":
             self.start_worker()

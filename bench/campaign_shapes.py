@@ -176,6 +176,22 @@ def life_of(target: Target, room: int, until: float) -> float:
     return math.inf
 
 
+RESERVE_SHARE = 0.05  # the guard's documented reserve, "5%" of the limit
+
+
+def ceiling_of(target: Target, room: int, reserve: int, until: float) -> float:
+    """The last tick before `target` leaves less than `reserve` of `room` free (inf: never
+    before `until`): the latest a stop can come with the configured reserve still free, for
+    a guard that knew the shape's future. A continuous leak reaches it a reserve's worth
+    before its life; stairs at the stair that breaks the reserve, whose time a guard that
+    does not know the schedule cannot wait for (it stops after the stair before)."""
+    ticks = int(until / TICK) + 1
+    for i in range(ticks):
+        if room - target(i * TICK) < reserve:
+            return max(0.0, (i - 1) * TICK)
+    return math.inf
+
+
 def _healthy() -> list[Shape]:
     out = []
     for period, seconds in ((0.2, 30.0), (0.5, 30.0), (2.0, 40.0), (10.0, 60.0),

@@ -82,11 +82,11 @@ class Guard:
 
     `monitor`: whose levels to guard (default: the process-wide one). `reserve`: headroom
     to keep at every limited level, bytes or a size ("512M") or a share of that level's
-    limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice between
-    two checks times this (0: none; policy.LargestRise). `checkpoint_seconds`: what a save
-    takes until the job reports its own (`saving()`, `saved()`); None: `checkpoint_bytes`
-    (bytes or a size; None: the working set) over `write_rate` (bytes or a size per
-    second), module docstring;
+    limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice (one
+    climb over checks in a row, the same size again) times this (0: none;
+    policy.LargestRise). `checkpoint_seconds`: what a save takes until the job reports its
+    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: the
+    working set) over `write_rate` (bytes or a size per second), module docstring;
     `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
     between samples on average (spread +-`jitter` of it); `near_interval`: between samples
     while `available_memory()` is within the reserve plus the growth expected meanwhile.
@@ -292,7 +292,7 @@ class Guard:
 
     @property
     def rise(self) -> int:
-        """The largest piece the job took twice between two checks so far (bytes)."""
+        """The largest piece the job took twice so far (bytes; policy.LargestRise)."""
         return self._rise.largest
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -328,12 +328,15 @@ class Guard:
             killed = self._killed
             readings = self._read(now)
             limited = [r for r in readings if r.limit is not None and r.headroom is not None]
-            self._bound = None
+            bound, self._bound = self._bound, None
             if limited:  # the tightest level's working set: what a save may have to write
                 tight = min(limited, key=lambda r: r.headroom or 0)
                 self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
                 self._bound = bound_limit(available, tight)
-            if available is not None:  # the level just found teaches from this check on
+            if available is not None and self._bound != bound:
+                # The level just found teaches from this check on. Only then: this check's
+                # figure fed again under the same level is a check that did not fall, which
+                # ends a piece (LargestRise) in the middle of a climb.
                 self._rise.update(available, self._bound)
             lead = self.lead
             share = self.reserve.fraction

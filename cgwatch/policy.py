@@ -5,8 +5,9 @@ tests/test_policy.py. The public object that samples and delivers is guard.py.
 `decide()` stops when any of these holds, and names the first in this order:
 1. RESERVE: a limited level's headroom, limit - (usage - inactive_file), is below the
    reserve (bytes, or a share of that level's limit) plus the room the job's largest rise
-   needs (`rise`: the largest piece it took twice between two checks, times a margin;
-   `LargestRise`): the next piece of that size could not fit a save, or would be the kill.
+   needs (`rise`: the largest piece it took twice, one climb of the working set over
+   checks in a row, the same size again; times a margin; `LargestRise`): the next piece
+   of that size could not fit a save, or would be the kill.
 2. OOM_KILL: the OOM killer killed a process on the path since the guard started, and the
    job lives on (a pool that replaces its workers, a helper process): the next victim may be
    the job itself. Not a torch DataLoader's worker: its death makes the main process raise at
@@ -209,15 +210,34 @@ def save_seconds(saves: Sequence[float], configured: Optional[float],
     return max(MIN_SAVE_SECONDS, size / write_rate)
 
 
+_NOISE = 1 << 20  # a fall of the headroom up to this between two checks: no piece, ends one
+_SAME = 8  # two pieces are the same piece when they differ by at most 1/_SAME of the larger
+_KEPT = 32  # the pieces remembered to find a repeat among (bounded, whatever the run time)
+
+
 class LargestRise:
-    """The largest piece the job has taken at least twice between two checks: how much
-    `available_memory()` fell from one check to the next (a fall of the headroom is a rise of
-    the working set), the second largest such fall. A job that allocates in large pieces
-    (stairs, a big batch, optimizer state) takes the next piece in one go, between two
-    checks: the reserve must hold it and still leave the save its room. A piece taken once
-    is not a pattern and is not kept: the interpreter and the imports under `cgwatch run
-    --guard` (checked from before the command starts: 50-60 MiB in one 0.1 s check was seen),
-    a model loaded, one dataset; nor are frees (a sawtooth's drop).
+    """The largest piece the job has taken twice. A *piece* is what the job takes in one
+    climb: the fall of `available_memory()` over checks that each fell (by more than 1 MiB
+    of noise), known once a check does not fall (a fall of the headroom is a rise of the
+    working set). *Twice* is the same piece again: two pieces within 1/8 of each other in
+    size; `largest` is the largest such repeat (the smaller of the pair). A job that
+    allocates in pieces (stairs, a batch, a cache shard, an evaluation's buffers) takes the
+    same allocation again, the same size up to what else it did meanwhile: the reserve must
+    hold the next one and still leave the save its room.
+
+    Why a climb and not one check's fall: a check's fall is the job's rate times the
+    checking period, not a size the job takes (`cgwatch run --guard` checks every 0.1 s
+    from its own thread: a start-up allocation at ~1 GB/s read as three or four falls of
+    ~100 MiB, a "piece taken twice" inside one allocation, and the first evaluation spike
+    after it was stopped: the campaign's healthy round, 2 stops); a climb is what the job
+    took whatever the period, and with one check a step (`Guard.check` in the loop) it is
+    that step's allocation, or the steps' in a row that each took more than the noise.
+    Why the same size and not the second largest: two different pieces taken once each
+    are no pattern (the imports and a model load, a model and a dataset, a start-up
+    allocation and an evaluation's buffers: the second largest of those made a start-up's
+    size the piece, and an evaluation spike was stopped at its top, 3 of 3 in the campaign);
+    a repeated allocation has one size. A piece still being taken never counts: a climb
+    that goes on is the forecast's.
 
     Only a guarded level's figure teaches it: `limit` is the limit of the level that bounded
     `available_memory()` at the last sample, None when none did (no limited level on the
@@ -227,16 +247,20 @@ class LargestRise:
     by "reserve" with 90 % of its 512 MiB free: bench.campaign).
 
     `room(available)`: the headroom the next piece needs. None while the job is within a
-    piece of a depth it came back from (`turned`: the least headroom after which it gave at
-    least half a piece back): a sawtooth's peaks, a batch's, which it has survived and
-    left; the whole piece once the job goes beyond that (stairs, a leak in pieces, which
-    never give back). The price: a job that turned at a depth many times is trusted to
-    that depth plus one piece."""
+    piece of a depth it came back from (`turned`: the least headroom after which it gave
+    back at least half the climb that reached it): a sawtooth's peaks, a batch's, an
+    evaluation's, which it has survived and left (half of that climb, not of the largest
+    piece: a 60 % model load then a 20 % evaluation spike gives back 20 %, and its depth is
+    one it came back from); the whole piece once the job goes beyond that (stairs, a leak
+    in pieces, which never give back). The price: a job that turned at a depth many times
+    is trusted to that depth plus one piece."""
 
     def __init__(self) -> None:
-        self.largest = 0  # the second largest fall: a piece seen twice
+        self.largest = 0  # the largest piece taken twice (the same size, within 1/_SAME)
         self.turned: Optional[int] = None  # the least headroom the job came back from
-        self._top = 0  # the largest fall, seen once at least
+        self._reached = 0  # the climb that reached the least headroom (`_low`)
+        self._pieces: list[int] = []  # the last _KEPT pieces, oldest first
+        self._climb = 0  # the fall of the piece still being taken (checks falling in a row)
         self._last: Optional[int] = None
         self._low: Optional[int] = None  # the least headroom since the job last gave back
         self._limit: Optional[int] = None
@@ -246,22 +270,35 @@ class LargestRise:
         the last sample (None: none did); the largest piece taken twice so far (bytes)."""
         if limit is None or available > limit:
             self._last = self._low = None  # not a guarded level's figure: learn nothing
+            self._climb = 0
             return self.largest
         if limit != self._limit:  # another level, or its limit changed: its depths are new
             self._limit, self._last, self._low, self.turned = limit, None, None, None
+            self._climb = self._reached = 0
         last, self._last = self._last, available
-        if last is not None and last - available > self.largest:
-            rise = last - available
-            if rise > self._top:
-                self.largest, self._top = self._top, rise
-            else:
-                self.largest = rise
+        if last is not None:
+            fall = last - available
+            if fall > _NOISE:
+                self._climb += fall  # a piece goes on while every check falls
+            elif self._climb:
+                self._learn(self._climb)  # a check that did not fall ends it
+                self._climb = 0
         if self._low is None or available < self._low:
             self._low = available
-        elif available - self._low >= max(self._top // 2, 1 << 20):
+            if self._climb:  # the climb going on reached it; a drift within the noise
+                self._reached = self._climb  # keeps the climb that reached the depth
+        elif available - self._low >= max(self._reached // 2, _NOISE):
             self.turned = self._low if self.turned is None else min(self.turned, self._low)
             self._low = available
         return self.largest
+
+    def _learn(self, piece: int) -> None:
+        for other in self._pieces:
+            small, big = min(piece, other), max(piece, other)
+            if small * _SAME >= big * (_SAME - 1) and small > self.largest:
+                self.largest = small
+        self._pieces.append(piece)
+        del self._pieces[:-_KEPT]
 
     def room(self, available: Optional[int]) -> int:
         """The headroom the next piece needs beyond the reserve (bytes): the largest piece,

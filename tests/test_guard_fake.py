@@ -131,10 +131,11 @@ def test_a_step_change_does_not_stop_it(host: FakeHost, monitor: Monitor) -> Non
 
 def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
     """The reserve follows the job (policy.LargestRise): one 1 GiB piece (a dataset loaded,
-    then flat) is no pattern: 2 GiB left, no stop; a second piece, of 600 MiB, makes 600 MiB
-    the piece taken twice (the second largest): 1.4 GiB left, more than 5% (204.8 MiB) +
-    600 x 1.25 = 750 MiB, no stop; a third, 600 MiB again, leaves 848 MiB, under 954.8 MiB:
-    stop, naming the rise (750 MiB). All with a 1000 s checkpoint: the forecast sees no
+    then flat) is no pattern: 2 GiB left, no stop; a piece of 600 MiB is another piece, taken
+    once: still none; the same 600 MiB again (the job's second piece of that size) makes it
+    the piece taken twice: 848 MiB left is under 5% (204.8 MiB) + 600 x 1.25 = 954.8 MiB,
+    stop, naming the rise (750 MiB), at the first check after that piece ended (a piece is
+    known once a check does not fall). All with a 1000 s checkpoint: the forecast sees no
     growth in steps."""
     host.set_usage("/job", 1 * GiB, 0)
     with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, events=False) as guard:
@@ -144,14 +145,35 @@ def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
         assert guard.rise == 0
         host.set_usage("/job", 2 * GiB + 600 * MiB, 0)
         calm += [guard.check(step) for step in range(50, 100)]
-        assert guard.rise == 600 * MiB
+        assert guard.rise == 0
         host.set_usage("/job", 3 * GiB + 176 * MiB, 0)
-        verdict = guard.check(100)
+        calm.append(guard.check(100))  # the piece is still being taken
+        verdict = guard.check(101)
     assert not any(v.stop for v in calm)
+    assert guard.rise == 600 * MiB
     assert verdict.trigger == "reserve" and verdict.headroom == 848 * MiB
     assert verdict.rise == 750 * MiB
     assert verdict.reserve == int(4 * GiB * 0.05) + 750 * MiB
     assert "room for the job's largest rise, 750.0 MiB, included" in verdict.message()
+
+
+def test_a_climb_over_samples_is_one_piece(host: FakeHost, monitor: Monitor) -> None:
+    """A start-up allocation read over four checks, each of them a sample (interval 0), is
+    one piece taken once: no rise learned, no stop at a later spike's top. A sample must not
+    feed its check's figure to LargestRise a second time: a check that did not fall ends a
+    piece, which cut the climb into four pieces of 150 MiB, "taken twice" (the campaign's
+    false stop under `run --guard`, its 0.1 s checks on a start-up at ~1 GB/s)."""
+    host.set_usage("/job", 100 * MiB, 0)
+    with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, events=False) as guard:
+        calm = [guard.check(0)]
+        for usage in (250, 400, 550, 700):
+            host.set_usage("/job", usage * MiB, 0)
+            calm.append(guard.check(1))
+        calm += [guard.check(step) for step in range(2, 10)]
+        assert guard.rise == 0
+        host.set_usage("/job", 3 * GiB + 600 * MiB, 0)  # an evaluation's spike, 424 MiB left
+        calm += [guard.check(step) for step in range(10, 20)]
+    assert not any(v.stop for v in calm), [v.message() for v in calm if v.stop]
 
 
 def test_the_save_time_before_any_save(host: FakeHost, monitor: Monitor) -> None:

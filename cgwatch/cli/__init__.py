@@ -105,8 +105,8 @@ def _paragraphs(*texts: str) -> str:
 
 
 GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches this "
-              "cgroup, CMD's: when headroom falls below --reserve (plus 1.25 x CMD's largest "
-              "rise between two checks), when the working set is "
+              "cgroup, CMD's: when headroom falls below --reserve (plus 1.25 x the largest "
+              "piece CMD took twice), when the working set is "
               "predicted to reach a limit sooner than a save takes (--checkpoint-seconds x "
               "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
               "throttling above memory.high (v2), it says why on stderr and sends CMD "
