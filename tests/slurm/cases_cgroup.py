@@ -4,7 +4,6 @@ limit is on the job's and the step's cgroups, never the task's, and cgwatch find
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -13,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from cgwatch.envswitch import switch_on
 from tests.slurm.jobs import (
     GUEST,
-    INTEGRATION_PYTHON,
     PYTHON,
     REPO,
     MiB,
     cgwatch_json,
+    integration_python,
     level,
     sbatch,
     srun,
@@ -160,15 +158,9 @@ def test_deepspeed_cpu_accelerator_in_srun_says_the_jobs_limit(tmp_path: Path) -
     if GUEST:
         pytest.skip("not in the VM part: importing torch and DeepSpeed under TCG takes "
                     "minutes; the v1 host part runs this case")
-    if not INTEGRATION_PYTHON or not os.access(INTEGRATION_PYTHON, os.X_OK):
-        why = (f"no torch + DeepSpeed interpreter ({INTEGRATION_PYTHON or 'none given'}): "
-               "tests/integration/setup makes .venv-integration; scripts/test passes it in "
-               "SLURM_TIER_INTEGRATION_PYTHON")
-        if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-            pytest.fail(why)
-        pytest.skip(why)
+    python = integration_python("torch + DeepSpeed")
     limit = 700 * MiB  # torch + DeepSpeed peak at ~250 MiB (tests/integration)
-    out = srun("--mem=700M", INTEGRATION_PYTHON, "-c", DEEPSPEED,
+    out = srun("--mem=700M", python, "-c", DEEPSPEED,
                env={"TORCH_EXTENSIONS_DIR": str(tmp_path), "PYTHONUNBUFFERED": "1"}).stdout
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, out[-3000:]

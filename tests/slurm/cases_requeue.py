@@ -31,8 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from cgwatch.envswitch import switch_on
-from tests.slurm.jobs import GUEST, INTEGRATION_PYTHON, PYTHON, REPO, STATE
+from tests.slurm.jobs import GUEST, PYTHON, REPO, STATE, integration_python
 
 if GUEST:
     pytest.skip("host part only: a requeue waits ~11 s per life and torch under TCG takes "
@@ -184,15 +183,8 @@ HF_LEAK_MIB = 4  # written per step by rank 1: ~45 MiB/s
 HF_MEM = "1200M"  # run, torchrun and two ranks with torch + transformers: ~740 MiB at most
 
 
-def integration_python() -> str:
-    if not INTEGRATION_PYTHON or not os.access(INTEGRATION_PYTHON, os.X_OK):
-        why = (f"no torch + transformers interpreter ({INTEGRATION_PYTHON or 'none given'}): "
-               "tests/integration/setup makes .venv-integration; scripts/test passes it in "
-               "SLURM_TIER_INTEGRATION_PYTHON")
-        if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-            pytest.fail(why)
-        pytest.skip(why)
-    return INTEGRATION_PYTHON
+def torch_python() -> str:
+    return integration_python("torch + transformers")
 
 
 def hf_losses(out: Path, tag: str, rank: int) -> dict[int, float]:
@@ -201,7 +193,7 @@ def hf_losses(out: Path, tag: str, rank: int) -> dict[int, float]:
 
 
 def test_run_guard_torchrun_hf_job_is_requeued_resumes_and_completes(tmp_path: Path) -> None:
-    python = integration_python()
+    python = torch_python()
     out, reference = tmp_path / "out", tmp_path / "reference"
     out.mkdir()
     reference.mkdir()

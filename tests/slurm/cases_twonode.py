@@ -30,11 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from cgwatch import GUARD_EXIT_STATUS
-from cgwatch.envswitch import switch_on
-from tests.slurm.jobs import INTEGRATION_PYTHON, REPO, STATE, sbatch, srun
+from tests.slurm.jobs import REPO, STATE, integration_python, sbatch, srun
 
 TRAIN = os.path.join(REPO, "tests", "integration", "guarded_train.py")
 STEPS = 100  # the guard stops life 0 at ~50 (below); the requeued life runs the rest
@@ -92,14 +89,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def need_torch() -> str:
-    if INTEGRATION_PYTHON and os.access(INTEGRATION_PYTHON, os.X_OK):
-        return INTEGRATION_PYTHON
-    why = (f"no torch + transformers interpreter ({INTEGRATION_PYTHON or 'none given'}): "
-           "tests/integration/setup makes .venv-integration; scripts/test passes it in "
-           "SLURM_TIER_INTEGRATION_PYTHON")
-    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
-        pytest.fail(why)
-    pytest.skip(why)
+    return integration_python("torch + transformers")
 
 
 def across(python: str, args: str) -> str:

@@ -12,6 +12,8 @@ from typing import Any, Optional
 
 import pytest
 
+from cgwatch.envswitch import switch_on
+
 MiB = 1 << 20
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = os.environ.get("SLURM_TIER_PYTHON", "")
@@ -21,6 +23,21 @@ INTEGRATION_PYTHON = os.environ.get("SLURM_TIER_INTEGRATION_PYTHON", "")
 GUEST = os.environ.get("SLURM_TIER_GUEST") == "1"  # the VM part (cgroup v2)
 # A loaded 2-core machine: a job waits up to ~3 s for the previous one's resources (docs/testing.md)
 TIMEOUT = 120
+
+
+
+def integration_python(what: str) -> str:
+    """.venv-integration's interpreter for a job that needs `what` (torch and more): skip
+    saying why when there is none, or fail under CGWATCH_REQUIRE_REAL=1."""
+    if INTEGRATION_PYTHON and os.access(INTEGRATION_PYTHON, os.X_OK):
+        return INTEGRATION_PYTHON
+    why = (f"no {what} interpreter ({INTEGRATION_PYTHON or 'none given'}): "
+           "tests/integration/setup makes .venv-integration; scripts/test passes it in "
+           "SLURM_TIER_INTEGRATION_PYTHON")
+    if switch_on("CGWATCH_REQUIRE_REAL", os.environ):
+        pytest.fail(why)
+    pytest.skip(why)
+
 
 if not os.environ.get("SLURM_CONF") or not PYTHON:
     pytest.skip("run by tests/slurm/run (it starts the cluster)", allow_module_level=True)
