@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..events import Events, Item
@@ -152,6 +153,9 @@ class _Life:
         self.recorder: Optional[Recorder] = None
         self.attempts: list[dict[str, Any]] = []
         self.step: Optional[int] = None  # the step the last stop saved
+        # seconds from the signal to CMD's end, of each attempt that saved: the lead of the
+        # attempts after it is this measured save, not an estimate (Guard.saved)
+        self.saves: list[float] = []
 
 
 def _attempt(args: argparse.Namespace, command: list[str], restart: int,
@@ -163,11 +167,13 @@ def _attempt(args: argparse.Namespace, command: list[str], restart: int,
     if recorder is not None:
         recorder.mark("restart", restart_label(restart, life.step), final=True)
         started = recorder.now()
-    ran = _run(args, command, restart=restart, recorder=recorder)
+    ran = _run(args, command, restart=restart, recorder=recorder, timed_saves=life.saves)
     if isinstance(ran, int):
         return ran  # CMD could not start (126, 127)
     life.recorder = ran.recorder
     status, data, outcome, saves_line = _build_report(args, command, ran)
+    if outcome and outcome["saved"]:
+        life.saves.append(outcome["seconds"])
     if not args.json:
         _say(outcome, saves_line, ran.cause)
     step = parse_step(outcome["checkpoint"]) if outcome else None
@@ -257,9 +263,12 @@ class _Ran:
 
 
 def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
-         recorder: Optional[Recorder] = None) -> Union[_Ran, int]:
+         recorder: Optional[Recorder] = None,
+         timed_saves: Sequence[float] = ()) -> Union[_Ran, int]:
     """Run CMD with its watchers (`restart` k > 0: CGWATCH_RESTART=k in its environment;
-    `recorder`: an earlier attempt's, to go on with); what it left, or 127/126 when it could
+    `recorder`: an earlier attempt's, to go on with; `timed_saves`: the saves earlier
+    attempts made, seconds from the signal to CMD's end, for the guard's lead); what it
+    left, or 127/126 when it could
     not start."""
     name = os.path.basename(command[0])
     runlog = RunLog()
@@ -281,7 +290,8 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
             recorder = Recorder(monitor)
             events.subscribe(recorder.event)
         host_kills_before = read_host_oom_kills(args.root)
-        guarding = GuardThread(monitor, events, args, recorder) if args.guard else None
+        guarding = GuardThread(monitor, events, args, recorder, timed_saves) \
+            if args.guard else None
         with SignalRelay() as relay, ShmSampler(args.root) as shm, \
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
