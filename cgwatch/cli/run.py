@@ -250,9 +250,12 @@ class _Ran:
 
     def __init__(self, pid: int, returncode: int, cause: Cause, runlog: RunLog,
                  shm: ShmSampler, guarding: Optional[GuardThread],
-                 recorder: Optional[Recorder], ended_at: float, saves: Saves) -> None:
+                 recorder: Optional[Recorder], ended_at: float, saves: Saves, status: int,
+                 saves_line: str) -> None:
         self.pid = pid
         self.saves = saves  # what the ranks recorded (saves.py)
+        self.status = status  # run's exit status (guarded_status, then saved_status)
+        self.saves_line = saves_line  # what to say of the ranks' records ("": nothing)
         self.ended_at = ended_at  # time.monotonic() when CMD's exit was reaped
         self.returncode = returncode
         self.cause = cause
@@ -317,17 +320,19 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
                 if saves_dir:
                     shutil.rmtree(saves_dir, ignore_errors=True)
         events.scan_now()  # rises that landed after the last notification was read
+        # run's status, decided once here (the picture's end mark and the report say it)
+        status, saves_line = saved_status(
+            guarded_status(returncode, guarding.fired if guarding else None,
+                           guarding.signum if guarding else None), saves, name)
         if recorder is not None:
-            status = guarded_status(returncode, guarding.fired, guarding.signum) \
-                if guarding is not None else exit_status(returncode)
-            status = saved_status(status, saves, name)[0]
             recorder.mark("exit", end_label(returncode, status), final=True,
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
-    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves)
+    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves,
+                status, saves_line)
 
 
 def make_saves_dir() -> Optional[str]:
@@ -372,8 +377,7 @@ def _build_report(args: argparse.Namespace, command: list[str],
     none to say)."""
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
-    status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
-    status, saves_line = saved_status(status, ran.saves, os.path.basename(command[0]))
+    status, saves_line = ran.status, ran.saves_line
     outcome = guarding.outcome(ran.returncode, ran.ended_at) if guarding is not None else None
     data: dict[str, Any] = {}
     if args.json or args.report:
