@@ -238,7 +238,7 @@ class Guard:
         available: Optional[int] = None
         try:
             available = self.monitor.available_memory()
-            self._rise.update(available, self._bound)
+            self._rise.update(available, self._bound, now)
             if not sampling.due(self._plan, now, available, near_interval=self.near_interval,
                                 stopped=self._verdict.stop, killed=self._killed):
                 return self._verdict  # its `step` is the one of the check that decided it
@@ -335,9 +335,8 @@ class Guard:
                 self._bound = bound_limit(available, tight)
             if available is not None and self._bound != bound:
                 # The level just found teaches from this check on. Only then: this check's
-                # figure fed again under the same level is a check that did not fall, which
-                # ends a piece (LargestRise) in the middle of a climb.
-                self._rise.update(available, self._bound)
+                # figure fed again under the same level is a check that did not fall.
+                self._rise.update(available, self._bound, now)
             lead = self.lead
             share = self.reserve.fraction
             rise = int(self._rise.room(available) * self.rise_margin)

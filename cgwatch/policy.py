@@ -210,16 +210,21 @@ def save_seconds(saves: Sequence[float], configured: Optional[float],
     return max(MIN_SAVE_SECONDS, size / write_rate)
 
 
-_NOISE = 1 << 20  # a fall of the headroom up to this between two checks: no piece, ends one
+_NOISE = 1 << 20  # a fall of the headroom up to this between two checks: no piece
+# A climb ends at a check that gives back more than the noise, or at one that does not fall
+# this long (s) after the last that fell: a pause shorter than this inside one allocation (a
+# step that allocated nothing, the job descheduled for a check) does not cut it in two.
+_HOLD = 0.3
 _SAME = 8  # two pieces are the same piece when they differ by at most 1/_SAME of the larger
 _KEPT = 32  # the pieces remembered to find a repeat among (bounded, whatever the run time)
 
 
 class LargestRise:
     """The largest piece the job has taken twice. A *piece* is what the job takes in one
-    climb: the fall of `available_memory()` over checks that each fell (by more than 1 MiB
-    of noise), known once a check does not fall (a fall of the headroom is a rise of the
-    working set). *Twice* is the same piece again: two pieces within 1/8 of each other in
+    climb: the fall of `available_memory()` over checks that fell (by more than 1 MiB of
+    noise), known once a check gives back, or does not fall `_HOLD` (0.3 s) after the last
+    that fell (a fall of the headroom is a rise of the working set; a step that allocated
+    nothing inside one allocation is a pause, not its end). *Twice* is the same piece again: two pieces within 1/8 of each other in
     size; `largest` is the largest such repeat (the smaller of the pair). A job that
     allocates in pieces (stairs, a batch, a cache shard, an evaluation's buffers) takes the
     same allocation again, the same size up to what else it did meanwhile: the reserve must
@@ -265,13 +270,16 @@ class LargestRise:
         self._reached = 0  # the climb that reached the depth watched (`_low`)
         self._pieces: list[int] = []  # the last _KEPT pieces, oldest first
         self._climb = 0  # the fall of the piece still being taken (checks falling in a row)
+        self._climb_low = 0  # the least headroom of that climb
+        self._fell_at = 0.0  # when a check last fell
         self._last: Optional[int] = None
         self._low: Optional[int] = None  # the least headroom since the job last gave back
         self._limit: Optional[int] = None
 
-    def update(self, available: int, limit: Optional[int]) -> int:
-        """One check's `available_memory()`, and the limit of the level that bounded it at
-        the last sample (None: none did); the largest piece taken twice so far (bytes)."""
+    def update(self, available: int, limit: Optional[int], now: float) -> int:
+        """One check's `available_memory()`, the limit of the level that bounded it at the
+        last sample (None: none did), and the check's time (s, any monotonic clock); the
+        largest piece taken twice so far (bytes)."""
         if limit is None or available > limit:
             # Not a guarded level's figure: not looked at, and nothing known forgotten. The
             # guard's sample can find no level bounding the figure just because the job
@@ -285,15 +293,18 @@ class LargestRise:
         if last is not None:
             fall = last - available
             if fall > _NOISE:
-                self._climb += fall  # a piece goes on while every check falls
-            elif self._climb:
-                self._learn(self._climb)  # a check that did not fall ends it
-                if self._low is not None and last > self._low:
+                self._climb += fall  # a piece goes on while checks fall
+                self._climb_low = available if self._climb == fall \
+                    else min(self._climb_low, available)
+                self._fell_at = now
+            elif self._climb and (fall < -_NOISE or now - self._fell_at >= _HOLD):
+                self._learn(self._climb)  # a give-back, or a pause longer than _HOLD, ends it
+                if self._low is not None and self._climb_low > self._low:
                     # A climb that stopped short of the depth watched: its own top is the
                     # depth to come back from (a sawtooth whose first peak, reached by the
                     # start-up and the first ramp as one climb, was its deepest, so that the
                     # ramps after it were never "half the climb" that reached that peak).
-                    self._low, self._reached = last, self._climb
+                    self._low, self._reached = self._climb_low, self._climb
                 self._climb = 0
         if self.turns and available - self.turns[-1][0] > self.turns[-1][1]:
             self.turns[-1] = (self.turns[-1][0], available - self.turns[-1][0])  # further back

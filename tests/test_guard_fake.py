@@ -21,6 +21,10 @@ from cgwatch.events import Events
 from tests.cgroup_helpers import PROJECT, wait_for
 from tests.fake_tree import FakeHost, GiB, MiB
 
+# policy.LargestRise ends a climb at a check that does not fall this long after the last
+# that fell (its _HOLD, 0.3 s), and a little more
+HOLD = 0.32
+
 PSI_LINE = "some avg10=0.00 avg60=0.00 avg300=0.00 total={some}\n" \
            "full avg10=0.00 avg60=0.00 avg300=0.00 total={full}\n"
 
@@ -135,19 +139,24 @@ def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
     once: still none; the same 600 MiB again (the job's second piece of that size) makes it
     the piece taken twice: 848 MiB left is under 5% (204.8 MiB) + 600 x 1.25 = 954.8 MiB,
     stop, naming the rise (750 MiB), at the first check after that piece ended (a piece is
-    known once a check does not fall). All with a 1000 s checkpoint: the forecast sees no
-    growth in steps."""
+    known once a check does not fall, 0.3 s after the last that fell: HOLD). All with a
+    1000 s checkpoint: the forecast sees no growth in steps."""
     host.set_usage("/job", 1 * GiB, 0)
     with Guard(monitor, checkpoint_seconds=1000.0, interval=0.0, events=False) as guard:
         assert not guard.check(0).stop
         host.set_usage("/job", 2 * GiB, 0)
-        calm = [guard.check(step) for step in range(1, 50)]
+        calm = [guard.check(1)]
+        time.sleep(HOLD)
+        calm += [guard.check(step) for step in range(2, 50)]
         assert guard.rise == 0
         host.set_usage("/job", 2 * GiB + 600 * MiB, 0)
-        calm += [guard.check(step) for step in range(50, 100)]
+        calm.append(guard.check(50))
+        time.sleep(HOLD)
+        calm += [guard.check(step) for step in range(51, 100)]
         assert guard.rise == 0
         host.set_usage("/job", 3 * GiB + 176 * MiB, 0)
         calm.append(guard.check(100))  # the piece is still being taken
+        time.sleep(HOLD)
         verdict = guard.check(101)
     assert not any(v.stop for v in calm)
     assert guard.rise == 600 * MiB

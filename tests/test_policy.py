@@ -158,8 +158,46 @@ RISES = [
 @pytest.mark.parametrize(("available", "want"), RISES)
 def test_largest_rise(available: list[float], want: float) -> None:
     rise = LargestRise()
-    for a in available:
-        rise.update(int(a * MiB), 2 * GiB)
+    for i, a in enumerate(available):  # one check a second: each pause is a second long
+        rise.update(int(a * MiB), 2 * GiB, float(i))
+    assert rise.largest == int(want * MiB)
+
+
+def _held(seconds: float, *parts: tuple[float, int]) -> list[tuple[float, float]]:
+    """(time, MiB) checks `seconds` apart: each part is (MiB, how many checks at it)."""
+    out: list[tuple[float, float]] = []
+    for mib, count in parts:
+        out += [((len(out) + k) * seconds, mib) for k in range(count)]
+    return out
+
+
+HELD = [
+    # checks closer than the 0.3 s hold: a check that does not fall inside an allocation is a
+    # pause, not its end; a give-back or a pause of 0.3 s is
+    pytest.param(_held(0.1, (1000, 1), (900, 2), (800, 4)), 0,
+                 id="a-climb-paused-for-one-check-is-one-piece"),
+    pytest.param(_held(0.1, (1000, 1), (900, 4), (800, 4), (700, 4)), 100,
+                 id="stairs-paused-longer-than-the-hold"),
+    # the campaign's eval spike under the CPU hog (a check a 10 ms step): the loop caught up
+    # after a stall, and two checks in a row allocated nothing halfway up the 0.5 s climb:
+    # two halves of ~120 MiB, the same piece "twice", stopped the first spike at its top
+    pytest.param(_held(0.01, (500, 1), (476, 1), (452, 1), (428, 1), (404, 1), (380, 3),
+                       (356, 1), (332, 1), (308, 1), (284, 1), (260, 150)), 0,
+                 id="an-evaluation-s-climb-with-a-pause-is-one-piece"),
+    pytest.param(_held(0.01, (500, 1), (440, 50), (380, 50), (320, 50)), 60,
+                 id="stairs-a-check-a-10-ms-step"),
+    pytest.param(_held(0.1, (1000, 1), (940, 1), (880, 1), (820, 1), (1000, 1), (940, 1),
+                       (880, 1), (820, 1), (1000, 1)), 180,
+                 id="a-give-back-ends-a-climb-at-once"),
+]
+
+
+@pytest.mark.parametrize(("checks", "want"), HELD)
+def test_largest_rise_holds_a_climb_through_a_short_pause(
+        checks: list[tuple[float, float]], want: float) -> None:
+    rise = LargestRise()
+    for now, a in checks:
+        rise.update(int(a * MiB), 2 * GiB, now)
     assert rise.largest == int(want * MiB)
 
 
@@ -168,13 +206,15 @@ def test_largest_rise_remembers_a_bounded_number_of_pieces() -> None:
     is no longer matched (32 pieces kept, whatever the run time)."""
     rise = LargestRise()
     available = 2000 * MiB
-    rise.update(available, 2 * GiB)
+    now = 0.0
+    rise.update(available, 2 * GiB, now)
     for piece in [500] + [20] * 32 + [500]:
         available -= piece * MiB
-        rise.update(available, 2 * GiB)
-        rise.update(available, 2 * GiB)  # the plateau ends the piece
+        rise.update(available, 2 * GiB, now + 1)
+        rise.update(available, 2 * GiB, now + 2)  # the plateau ends the piece
         available += piece * MiB
-        rise.update(available, 2 * GiB)  # and it is freed
+        rise.update(available, 2 * GiB, now + 3)  # and it is freed
+        now += 3
     assert rise.largest == 20 * MiB
 
 
@@ -253,8 +293,8 @@ BOUND_RISES = [
 def test_largest_rise_learns_only_a_guarded_levels_figure(
         checks: list[tuple[float, Optional[int]]], want: tuple[int, int]) -> None:
     rise = LargestRise()
-    for available, limit in checks:
-        rise.update(int(available * MiB), None if limit is None else limit * MiB)
+    for i, (available, limit) in enumerate(checks):  # one check a second
+        rise.update(int(available * MiB), None if limit is None else limit * MiB, float(i))
     assert (rise.largest, rise.room(int(checks[-1][0] * MiB))) == (want[0] * MiB,
                                                                     want[1] * MiB)
 
@@ -263,8 +303,8 @@ def test_a_known_depth_without_the_new_limit() -> None:
     """The control of "a-new-limit": the same sawtooth of stairs, no new limit: at 380 MiB
     the job came back from that depth, so no room beyond the reserve."""
     rise = LargestRise()
-    for available in (500, 440, 440, 380, 380, 500, 440, 440, 380, 380):
-        rise.update(available * MiB, 512 * MiB)
+    for i, available in enumerate((500, 440, 440, 380, 380, 500, 440, 440, 380, 380)):
+        rise.update(available * MiB, 512 * MiB, float(i))
     assert (rise.largest, rise.room(380 * MiB)) == (60 * MiB, 0)
 
 
