@@ -20,8 +20,9 @@ and v2 `high` rises on the path): it does no I/O of its own.
 
 What a save takes (the lead is that times `margin`): the longest of the job's last saves
 timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when given; else
-`checkpoint_bytes` (default: the guarded level's working set, the most a checkpoint can
-hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
+`checkpoint_bytes` (given; or the framework adapters' count of the model's and optimizer's
+state, `estimate_checkpoint()`; else the guarded level's working set, the most a checkpoint
+can hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
 filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
@@ -85,8 +86,9 @@ class Guard:
     limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice (one
     climb over checks in a row, the same size again) times this (0: none;
     policy.LargestRise). `checkpoint_seconds`: what a save takes until the job reports its
-    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: the
-    working set) over `write_rate` (bytes or a size per second), module docstring;
+    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: an
+    adapter's estimate, `estimate_checkpoint()`, else the working set) over `write_rate`
+    (bytes or a size per second), module docstring;
     `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
     between samples on average (spread +-`jitter` of it); `near_interval`: between samples
     while `available_memory()` is within the reserve plus the growth expected meanwhile.
@@ -141,6 +143,8 @@ class Guard:
         self.throttle_seconds = throttle_seconds
         self._configured_checkpoint = None if checkpoint_seconds is None \
             else float(checkpoint_seconds)
+        # The user said what a save takes (its time or its size): no estimate replaces it.
+        self._checkpoint_given = checkpoint_seconds is not None or size is not None
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
         self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
         self._rise = LargestRise()
@@ -277,6 +281,19 @@ class Guard:
         """Report a save that took `seconds`."""
         if seconds >= 0:
             self._saves.append(float(seconds))
+
+    def estimate_checkpoint(self, nbytes: int) -> bool:
+        """Take `nbytes` as a checkpoint's size, an estimate (the framework adapters count
+        the model's and the optimizer's state: integrations/_guarded.py), unless the user
+        gave `checkpoint_seconds` or `checkpoint_bytes`; True when taken. Until then the
+        size is the guarded level's working set, the most a checkpoint can hold; a save
+        timed later (`saving()`, `saved()`) wins over either (policy.save_seconds)."""
+        if nbytes < 0:
+            raise ValueError(f"guard: a checkpoint's size is >= 0 bytes, not {nbytes}")
+        if self._checkpoint_given:
+            return False
+        self.checkpoint_bytes = int(nbytes)
+        return True
 
     @property
     def checkpoint_seconds(self) -> float:
