@@ -23,7 +23,10 @@ timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when giv
 `checkpoint_bytes` (given; or the framework adapters' count of the model's and optimizer's
 state, `estimate_checkpoint()`; else the guarded level's working set, the most a checkpoint
 can hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
-filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5.
+filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5. The
+lead also holds the longest time between two checks over the last 5 samples (`check_gap`):
+a stop comes only at a check, and with one check a step a job of 3 s steps is next checked
+3 s later (its leak meanwhile one piece of 3 s), so the forecast must stop it a step early.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
 sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
@@ -76,6 +79,7 @@ log = logging.getLogger("cgwatch")
 _monotonic = time.monotonic
 _KILLS = ("oom_kill", "oom_group_kill")
 _SAVES_KEPT = 5  # the longest of the last few saves is the checkpoint time
+_GAPS_KEPT = 5  # samples over which the longest time between two checks is kept in the lead
 
 
 class Guard:
@@ -146,6 +150,9 @@ class Guard:
         # The user said what a save takes (its time or its size): no estimate replaces it.
         self._checkpoint_given = checkpoint_seconds is not None or size is not None
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
+        self._last_check: Optional[float] = None  # when check() last ran (monotonic)
+        self._gap_now = 0.0  # the longest time between two checks since the last sample
+        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # that, at the last samples
         self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
         self._rise = LargestRise()
         self._bound: Optional[int] = None  # the limit of the level that bounded the last sample
@@ -239,6 +246,9 @@ class Guard:
 
     def _decide(self, step: Optional[int]) -> Verdict:
         now = _monotonic()
+        if self._last_check is not None and now - self._last_check > self._gap_now:
+            self._gap_now = now - self._last_check
+        self._last_check = now
         available: Optional[int] = None
         try:
             available = self.monitor.available_memory()
@@ -303,9 +313,16 @@ class Guard:
                                    self.checkpoint_bytes, self._working_set, self.write_rate)
 
     @property
+    def check_gap(self) -> float:
+        """The longest time between two checks over the last few samples (seconds): a stop
+        comes only at a check, so the forecast must leave that too (module docstring)."""
+        return max(self._gaps, default=0.0)
+
+    @property
     def lead(self) -> float:
-        """Seconds the forecast must leave: checkpoint_seconds x margin."""
-        return self.checkpoint_seconds * self.margin
+        """Seconds the forecast must leave: checkpoint_seconds x margin, plus the time the
+        next check may be away (`check_gap`)."""
+        return self.checkpoint_seconds * self.margin + self.check_gap
 
     @property
     def rise(self) -> int:
@@ -355,6 +372,8 @@ class Guard:
                 # figure fed again under the same level is a check that did not fall, which
                 # ends a piece (LargestRise) in the middle of a climb.
                 self._rise.update(available, self._bound)
+            self._gaps.append(self._gap_now)
+            self._gap_now = 0.0
             lead = self.lead
             share = self.reserve.fraction
             rise = int(self._rise.room(available) * self.rise_margin)

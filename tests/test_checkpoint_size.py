@@ -154,7 +154,7 @@ def test_the_guard_takes_an_estimate_only_without_the_users_figure(monitor: Moni
         assert guard.estimate_checkpoint(300 * MiB)
         assert guard.checkpoint_bytes == 300 * MiB
         assert guard.checkpoint_seconds == 3.0  # 300 MiB / 100 MiB/s
-        assert guard.lead == 4.5
+        assert guard.lead == 4.5 + guard.check_gap  # x 1.5, and the time between checks
         guard.saved(0.2)  # a timed save wins over the estimate
         assert guard.checkpoint_seconds == 0.2
         with pytest.raises(ValueError):
