@@ -1,7 +1,7 @@
 """A/B: copies of the cgwatch package timed against each other in one process.
 
     python -m bench.ab BASE/cgwatch CHANGED/cgwatch [MORE/cgwatch ...] [--quick]
-        [--only calls|latency|startup|events] [--trials N]
+        [--only calls|latency|startup|events|guard] [--trials N]
 
 For judging a proposed library change on a noisy machine: the packages are loaded side by
 side (as cgwatch_a, cgwatch_b, ...), their queries are timed interleaved in the same rounds, in
@@ -9,7 +9,9 @@ the same cgroups, next to psutil and the bare-syscall floors (bench/reference.py
 whose Monitor takes `fresh` / `thread` / `confirm_interval` also gets those modes timed.
 Limit-write latency and OOM kill -> callback alternate blocks of trials between a monitor of
 each (never two alive at once, so their threads do not compete); Monitor() start-up
-alternates single constructions. The goals table at the end compares every package with A.
+alternates single constructions. `--only guard`: each package's `Guard.check()` far, near
+and sampling (bench/guard.py's three), interleaved in one limited cgroup. The goals table at
+the end compares every package with A.
 """
 
 from __future__ import annotations
@@ -284,6 +286,46 @@ def _events_table(packages: dict[str, ModuleType], trials: int, block: int = 20
 # ---- goals ----------------------------------------------------------------------------------
 
 
+# ---- the guard's check -------------------------------------------------------------------
+
+
+def _guard_checks(packages: dict[str, ModuleType], rounds: int, batch: float
+                  ) -> dict[str, float]:
+    """Each package's `Guard.check()` far from its thresholds, near them between samples,
+    and a sampling check (bench/guard.py's three), timed interleaved; best ns per call."""
+    kept: list[Any] = []
+    candidates: dict[str, Callable[[], object]] = {}
+    try:
+        for name, package in packages.items():
+            monitor = package.Monitor()
+            kept.append(monitor)
+            beyond = 2 * monitor.total_memory()  # a reserve no headroom reaches: near
+            for kind, kwargs in (("far", {}), ("near", {"reserve": beyond}),
+                                 ("sampling", {"reserve": beyond, "interval": 0.0})):
+                guard = package.Guard(monitor, events=False, **kwargs)
+                kept.append(guard)
+                candidates[f"{name}.{kind}"] = guard.check
+        return {k: v.best * 1e9 for k, v in
+                timing.interleaved(candidates, rounds, batch).items()}
+    finally:
+        for made in reversed(kept):
+            made.close()
+
+
+def _guard_table(packages: dict[str, ModuleType], rounds: int, batch: float
+                 ) -> dict[str, float]:
+    place = where(1, "leaf")
+    best: dict[str, float] = _place(1, "leaf", lambda: _guard_checks(packages, rounds, batch))
+    print("\n| Guard.check() | " + " | ".join(f"{n} | {n}/A" for n in packages)
+          + " |\n|---|" + "---|---|" * len(packages))
+    for kind in ("far", "near", "sampling"):
+        base = best[f"A.{kind}"]
+        cells = " | ".join(f"{best[f'{n}.{kind}']:.0f} ns | {best[f'{n}.{kind}'] / base:.3f}"
+                           for n in packages)
+        print(f"| {kind} ({place}) | {cells} |")
+    return best
+
+
 def _goal(title: str, value: float, limit: float, shown: str) -> None:
     print(f"| {title} | {shown} | {'PASS' if value <= limit else 'MISS'} |")
 
@@ -328,6 +370,17 @@ def _goals(packages: dict[str, ModuleType], found: dict[str, Any]) -> None:
         for place, per in found.get("startup", {}).items():
             _no_worse(f"{name}: Monitor() start-up ({place}), best", per["A"]["best_ms"],
                       per[name]["best_ms"], slack_ms=0.0)
+        guard = found.get("guard")
+        if guard:
+            for kind in ("far", "near"):
+                a, b = guard[f"A.{kind}"], guard[f"{name}.{kind}"]
+                _goal(f"{name}: Guard.check() {kind}: no worse than A (within "
+                      f"{TOLERANCE:.0%})", b, a * (1 + TOLERANCE),
+                      f"{a / 1e3:.1f} -> {b / 1e3:.1f} us")
+            # near, per 10 ms step: a check between samples + a fifth of a sampling check
+            step = guard[f"{name}.near"] + guard[f"{name}.sampling"] / 5
+            _goal(f"{name}: Guard.check() near, per 10 ms step <= 1 %", step / 1e7, 0.01,
+                  f"{step / 1e3:.1f} us ({step / 1e5:.2f} %)")
         ev = found.get("events")
         if ev:
             for stat in ("p50_ms", "p99_ms"):
@@ -340,8 +393,8 @@ def main() -> int:
     parser.add_argument("packages", nargs="+", help="cgwatch package directories; the first is "
                         "the baseline the others are compared with")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", choices=("calls", "latency", "startup", "events"),
-                        help="run one section (events: only with --only)")
+    parser.add_argument("--only", choices=("calls", "latency", "startup", "events", "guard"),
+                        help="run one section (events, guard: only with --only)")
     parser.add_argument("--trials", type=int, help="latency trials per package")
     args = parser.parse_args()
     packages = {chr(ord("A") + i): load(f"cgwatch_{chr(ord('a') + i)}", path)
@@ -360,6 +413,8 @@ def main() -> int:
         found["startup"] = _startup_table(packages, starts)
     if args.only == "events":
         found["events"] = _events_table(packages, args.trials or 100)
+    if args.only == "guard":
+        found["guard"] = _guard_table(packages, rounds, batch)
     if len(packages) > 1:
         _goals(packages, found)
     return 0

@@ -173,7 +173,8 @@ def budget(shape: shapes.Shape, quick: bool) -> float:
 
 def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) -> dict[str, Any]:
     shape = shapes.BY_NAME[run.shape]
-    limit = FRAMEWORK_LIMIT if run.framework != "plain" else shape.limit
+    limit = FRAMEWORK_LIMIT if run.framework != "plain" else (
+        args.limit_mib * MiB if args.limit_mib else shape.limit)
     work = os.path.join(workroot, f"run-{run.index}")
     os.makedirs(work)
     out = os.path.join(work, "result.json")
@@ -355,6 +356,9 @@ def campaign(argv: Optional[list[str]]) -> int:
     parser.add_argument("--runs", type=int, default=None,
                         help="repetitions of every shape x way x load (default 3; --quick 1)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--limit-mib", type=int, default=None,
+                        help="the plain jobs' limit, MiB (default: each shape's, 512 or "
+                             "1024; the shapes are fractions of it)")
     parser.add_argument("--shapes", nargs="*", default=[],
                         help="only the shapes whose name contains one of these")
     parser.add_argument("--ways", type=lambda v: v.split(","), default="guard,learned,run",

@@ -244,21 +244,25 @@ class LargestRise:
     path yet, or the host's MemAvailable was lower). Else the host's swings (another job's
     sawtooth) or the drop from the host's figure to a cgroup's when the job enters its
     limited cgroup were learned as the job's pieces (the campaign's 0.2 s sawtooth, stopped
-    by "reserve" with 90 % of its 512 MiB free: bench.campaign).
+    by "reserve" with 90 % of its 512 MiB free: bench.campaign). Such a figure is skipped,
+    not a reason to forget: the next guarded figure is compared with the last one.
 
-    `room(available)`: the headroom the next piece needs. None while the job is within a
-    piece of a depth it came back from (`turned`: the least headroom after which it gave
-    back at least half the climb that reached it): a sawtooth's peaks, a batch's, an
-    evaluation's, which it has survived and left (half of that climb, not of the largest
-    piece: a 60 % model load then a 20 % evaluation spike gives back 20 %, and its depth is
-    one it came back from); the whole piece once the job goes beyond that (stairs, a leak
-    in pieces, which never give back). The price: a job that turned at a depth many times
-    is trusted to that depth plus one piece."""
+    `room(available)`: the headroom the next piece needs. 0 while the job is within a piece
+    of a depth it came back from (`turns`): a depth after which it gave back at least half
+    the climb that reached it (the climb of the check that reached the least headroom, or
+    of a later climb that stopped short of it: a sawtooth's later peaks), and at least half
+    the largest piece. A sawtooth's peaks, a batch's, an evaluation's, which it has survived
+    and left (half of the climb that reached it, not of the largest climb: a 60 % model load
+    then a 20 % evaluation spike gives back 20 %, and its depth is one it came back from);
+    the whole piece once the job goes beyond that (stairs, a leak in pieces, which never
+    give back; a jitter of a few MiB on a stair gives back less than half a stair). The
+    price: a job that turned at a depth is trusted to that depth plus one piece."""
 
     def __init__(self) -> None:
         self.largest = 0  # the largest piece taken twice (the same size, within 1/_SAME)
-        self.turned: Optional[int] = None  # the least headroom the job came back from
-        self._reached = 0  # the climb that reached the least headroom (`_low`)
+        # the depths the job came back from: (headroom, how far it came back), the last _KEPT
+        self.turns: list[tuple[int, int]] = []
+        self._reached = 0  # the climb that reached the depth watched (`_low`)
         self._pieces: list[int] = []  # the last _KEPT pieces, oldest first
         self._climb = 0  # the fall of the piece still being taken (checks falling in a row)
         self._last: Optional[int] = None
@@ -269,11 +273,13 @@ class LargestRise:
         """One check's `available_memory()`, and the limit of the level that bounded it at
         the last sample (None: none did); the largest piece taken twice so far (bytes)."""
         if limit is None or available > limit:
-            self._last = self._low = None  # not a guarded level's figure: learn nothing
-            self._climb = 0
+            # Not a guarded level's figure: not looked at, and nothing known forgotten. The
+            # guard's sample can find no level bounding the figure just because the job
+            # freed between its two reads (a sawtooth's drop); forgetting the depth then lost
+            # the turn at that very top (the campaign's Lightning sawtooth, 2 of 8 stopped).
             return self.largest
         if limit != self._limit:  # another level, or its limit changed: its depths are new
-            self._limit, self._last, self._low, self.turned = limit, None, None, None
+            self._limit, self._last, self._low, self.turns = limit, None, None, []
             self._climb = self._reached = 0
         last, self._last = self._last, available
         if last is not None:
@@ -282,13 +288,22 @@ class LargestRise:
                 self._climb += fall  # a piece goes on while every check falls
             elif self._climb:
                 self._learn(self._climb)  # a check that did not fall ends it
+                if self._low is not None and last > self._low:
+                    # A climb that stopped short of the depth watched: its own top is the
+                    # depth to come back from (a sawtooth whose first peak, reached by the
+                    # start-up and the first ramp as one climb, was its deepest, so that the
+                    # ramps after it were never "half the climb" that reached that peak).
+                    self._low, self._reached = last, self._climb
                 self._climb = 0
+        if self.turns and available - self.turns[-1][0] > self.turns[-1][1]:
+            self.turns[-1] = (self.turns[-1][0], available - self.turns[-1][0])  # further back
         if self._low is None or available < self._low:
             self._low = available
             if self._climb:  # the climb going on reached it; a drift within the noise
                 self._reached = self._climb  # keeps the climb that reached the depth
         elif available - self._low >= max(self._reached // 2, _NOISE):
-            self.turned = self._low if self.turned is None else min(self.turned, self._low)
+            self.turns.append((self._low, available - self._low))
+            del self.turns[:-_KEPT]
             self._low = available
         return self.largest
 
@@ -302,10 +317,12 @@ class LargestRise:
 
     def room(self, available: Optional[int]) -> int:
         """The headroom the next piece needs beyond the reserve (bytes): the largest piece,
-        or 0 while `available` is within a piece of a depth the job came back from."""
-        if self.turned is not None and available is not None \
-                and available >= self.turned - self.largest:
-            return 0
+        or 0 while `available` is within a piece of a depth the job came back from by at
+        least half that piece (a jitter on a stair gives back a few MiB, never half a stair)."""
+        if available is not None:
+            for depth, back in self.turns:
+                if 2 * back >= self.largest and available >= depth - self.largest:
+                    return 0
         return self.largest
 
 

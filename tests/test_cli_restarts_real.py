@@ -76,14 +76,25 @@ def logged(log: str) -> list[tuple[int, int, float]]:
 def test_restarts_outrun_a_leak_that_restarts_with_the_job(tree: Tree,
                                                            tmp_path: object) -> None:
     job, directory, log = prepared(tree, tmp_path)
+    report = os.path.join(str(tmp_path), "life.json")
     status, out, err = run_restarting(
         tree, job, directory, log,
-        ("--steps", str(STEPS), "--step-seconds", "0.2", "--leak-mib", "1.6"))
+        ("--steps", str(STEPS), "--step-seconds", "0.2", "--leak-mib", "1.6"),
+        ("--report", report))
     assert status == 0, err
     assert oom_kills(job, tree.version) == 0
     restarts = [(int(k), int(step)) for k, step in
                 re.findall(r"cgwatch run: restart (\d) of 3 from step (\d+) in ", err)]
     assert 2 <= len(restarts) <= 3, err  # ~54 steps a life here: stops near 54 and 108
+    # The lead of the first life is --checkpoint-seconds (2 s x the margin 1.5); each life
+    # after a save has that save, measured (the signal to CMD's end), as Guard.saved has it.
+    with open(report) as f:
+        stops = [a["guard"] for a in json.load(f)["attempts"] if a["guard"] is not None]
+    assert len(stops) == len(restarts), stops
+    assert stops[0]["lead"] == pytest.approx(3.0)
+    for k in range(1, len(stops)):
+        measured = max(stop["seconds_to_exit"] for stop in stops[:k])
+        assert stops[k]["lead"] == pytest.approx(1.5 * measured), stops
     assert [k for k, _ in restarts] == list(range(1, len(restarts) + 1))
     assert err.count("cgwatch guard: stopping to save: sending SIGTERM") == len(restarts), err
     assert err.count(" saved and exited 0 ") == len(restarts), err

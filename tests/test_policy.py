@@ -214,6 +214,34 @@ BOUND_RISES = [
     pytest.param([(500, 512), (350, 512), (200, 512), (200, 512), (140, 512), (140, 512),
                   (200, 512), (200, 512), (140, 512), (140, 512)], (60, 0),
                  id="a-model-then-an-evaluation-twice"),
+    # the campaign's Lightning "ramp, then 2 s sawtooth" under `run --guard` (1.5 GiB,
+    # checks 0.1 s apart): the start-up and the first ramp are one climb of 746 MiB to its
+    # deepest peak, which gives back 346 MiB (not half of 746); every later ramp of 336 MiB
+    # stops 10 MiB short of that peak and gives back all of it: those peaks are depths the
+    # job came back from, and a peak needs no room (it was stopped there, 2 of 8 runs)
+    pytest.param([(1271, 1536)] + [(1271 - 30 * i, 1536) for i in range(1, 25)]
+                 + [(525, 1536), (525, 1536), (871, 1536)]
+                 + [(871 - 48 * i, 1536) for i in range(1, 8)]
+                 + [(535, 1536), (871, 1536)]
+                 + [(871 - 48 * i, 1536) for i in range(1, 8)]
+                 + [(535, 1536), (871, 1536)]
+                 + [(871 - 48 * i, 1536) for i in range(1, 8)] + [(535, 1536)],
+                 (336, 0), id="a-start-up-into-the-first-ramp-then-shallower-peaks"),
+    # the guard's sample at a sawtooth's top can find no level bounding the figure (the job
+    # freed between the sample's two reads): such figures are skipped, and the drop after
+    # the top is still the job coming back from it
+    pytest.param([(500, 512), (440, 512), (380, 512), (320, 512), (260, 512), (260, 512),
+                  (260, None), (500, None), (500, 512), (440, 512), (380, 512), (320, 512),
+                  (260, 512), (260, 512), (260, None), (500, None), (500, 512), (440, 512),
+                  (380, 512), (320, 512), (260, 512), (260, 512)], (240, 0),
+                 id="a-free-between-the-samples-reads"),
+    # stairs of 100 MiB with a jitter on each (4 MiB back, a climb of 3 MiB that stops
+    # short of the stair, given back): a jitter is no coming back from a depth (less than
+    # half a stair): the whole piece
+    pytest.param([(500, 512), (400, 512), (400, 512), (404, 512), (401, 512), (404, 512),
+                  (300, 512), (300, 512), (304, 512), (301, 512), (304, 512), (200, 512),
+                  (200, 512), (204, 512), (201, 512), (204, 512)], (104, 104),
+                 id="stairs-with-a-jitter"),
     # a new limit (the job moved, or resized): the depths known are of the old one
     pytest.param([(500, 512), (440, 512), (440, 512), (380, 512), (380, 512), (500, 512),
                   (440, 512), (440, 512), (380, 512), (380, 512), (900, 1024), (840, 1024),

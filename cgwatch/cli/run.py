@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from ..events import Events, Item
@@ -152,6 +153,9 @@ class _Life:
         self.recorder: Optional[Recorder] = None
         self.attempts: list[dict[str, Any]] = []
         self.step: Optional[int] = None  # the step the last stop saved
+        # seconds from the signal to CMD's end, of each attempt that saved: the lead of the
+        # attempts after it is this measured save, not an estimate (Guard.saved)
+        self.saves: list[float] = []
 
 
 def _attempt(args: argparse.Namespace, command: list[str], restart: int,
@@ -163,11 +167,13 @@ def _attempt(args: argparse.Namespace, command: list[str], restart: int,
     if recorder is not None:
         recorder.mark("restart", restart_label(restart, life.step), final=True)
         started = recorder.now()
-    ran = _run(args, command, restart=restart, recorder=recorder)
+    ran = _run(args, command, restart=restart, recorder=recorder, timed_saves=life.saves)
     if isinstance(ran, int):
         return ran  # CMD could not start (126, 127)
     life.recorder = ran.recorder
     status, data, outcome, saves_line = _build_report(args, command, ran)
+    if outcome and outcome["saved"]:
+        life.saves.append(outcome["seconds"])
     if not args.json:
         _say(outcome, saves_line, ran.cause)
     step = parse_step(outcome["checkpoint"]) if outcome else None
@@ -244,9 +250,12 @@ class _Ran:
 
     def __init__(self, pid: int, returncode: int, cause: Cause, runlog: RunLog,
                  shm: ShmSampler, guarding: Optional[GuardThread],
-                 recorder: Optional[Recorder], ended_at: float, saves: Saves) -> None:
+                 recorder: Optional[Recorder], ended_at: float, saves: Saves, status: int,
+                 saves_line: str) -> None:
         self.pid = pid
         self.saves = saves  # what the ranks recorded (saves.py)
+        self.status = status  # run's exit status (guarded_status, then saved_status)
+        self.saves_line = saves_line  # what to say of the ranks' records ("": nothing)
         self.ended_at = ended_at  # time.monotonic() when CMD's exit was reaped
         self.returncode = returncode
         self.cause = cause
@@ -257,9 +266,12 @@ class _Ran:
 
 
 def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
-         recorder: Optional[Recorder] = None) -> Union[_Ran, int]:
+         recorder: Optional[Recorder] = None,
+         timed_saves: Sequence[float] = ()) -> Union[_Ran, int]:
     """Run CMD with its watchers (`restart` k > 0: CGWATCH_RESTART=k in its environment;
-    `recorder`: an earlier attempt's, to go on with); what it left, or 127/126 when it could
+    `recorder`: an earlier attempt's, to go on with; `timed_saves`: the saves earlier
+    attempts made, seconds from the signal to CMD's end, for the guard's lead); what it
+    left, or 127/126 when it could
     not start."""
     name = os.path.basename(command[0])
     runlog = RunLog()
@@ -281,7 +293,8 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
             recorder = Recorder(monitor)
             events.subscribe(recorder.event)
         host_kills_before = read_host_oom_kills(args.root)
-        guarding = GuardThread(monitor, events, args, recorder) if args.guard else None
+        guarding = GuardThread(monitor, events, args, recorder, timed_saves) \
+            if args.guard else None
         with SignalRelay() as relay, ShmSampler(args.root) as shm, \
                 (guarding if guarding is not None else contextlib.nullcontext()), \
                 (recorder if recorder is not None else contextlib.nullcontext()):
@@ -307,17 +320,19 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
                 if saves_dir:
                     shutil.rmtree(saves_dir, ignore_errors=True)
         events.scan_now()  # rises that landed after the last notification was read
+        # run's status, decided once here (the picture's end mark and the report say it)
+        status, saves_line = saved_status(
+            guarded_status(returncode, guarding.fired if guarding else None,
+                           guarding.signum if guarding else None), saves, name)
         if recorder is not None:
-            status = guarded_status(returncode, guarding.fired, guarding.signum) \
-                if guarding is not None else exit_status(returncode)
-            status = saved_status(status, saves, name)[0]
             recorder.mark("exit", end_label(returncode, status), final=True,
                           exit_status=exit_status(returncode))
         if printer is not None:
             printer.close()
         cause = find_cause(name, returncode, runlog, monitor, args.root, host_kills_before,
                            shm.peak)
-    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves)
+    return _Ran(proc.pid, returncode, cause, runlog, shm, guarding, recorder, ended_at, saves,
+                status, saves_line)
 
 
 def make_saves_dir() -> Optional[str]:
@@ -362,8 +377,7 @@ def _build_report(args: argparse.Namespace, command: list[str],
     none to say)."""
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
-    status = guarded_status(ran.returncode, fired, guarding.signum if guarding else None)
-    status, saves_line = saved_status(status, ran.saves, os.path.basename(command[0]))
+    status, saves_line = ran.status, ran.saves_line
     outcome = guarding.outcome(ran.returncode, ran.ended_at) if guarding is not None else None
     data: dict[str, Any] = {}
     if args.json or args.report:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
@@ -165,13 +166,16 @@ class GuardThread:
     INTERVAL = 0.1
 
     def __init__(self, monitor: Monitor, events: Events, args: argparse.Namespace,
-                 recorder: Optional[Recorder] = None) -> None:
+                 recorder: Optional[Recorder] = None, timed_saves: Sequence[float] = ()
+                 ) -> None:
         kwargs: dict[str, Any] = {}
         if args.reserve is not None:
             kwargs["reserve"] = args.reserve
         if args.checkpoint_seconds is not None:
             kwargs["checkpoint_seconds"] = args.checkpoint_seconds
         self.guard = Guard(monitor, events=events, **kwargs)
+        for seconds in timed_saves:  # earlier attempts' saves (--restarts): a measured lead
+            self.guard.saved(seconds)
         self.checkpoint_dir: Optional[str] = (getattr(args, "checkpoint_dir", None)
                                               or os.environ.get(CHECKPOINT_DIR_ENV) or None)
         self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)

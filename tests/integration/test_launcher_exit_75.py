@@ -55,20 +55,28 @@ def stop_step(got: object) -> int:
     return steps.pop()
 
 
+def saved_and_75(got: object, ended: str) -> int:
+    """Both ranks saved at one step and exited 75, the kernel killed nothing, and `cgwatch
+    run`, having read both records, says so and exits 75 whatever the launcher's end
+    (`ended`, as run words it); the step."""
+    assert got.oom_kills == 0, got.logs  # type: ignore[attr-defined]
+    assert got.statuses == [GUARD_EXIT_STATUS] * 2, got.logs  # type: ignore[attr-defined]
+    stop = stop_step(got)
+    log: str = got.launcher_log  # type: ignore[attr-defined]
+    assert (f"cgwatch run: every rank (2) saved at step {stop} after the guard's stop; "
+            f"{Path(sys.executable).name} ended with {ended}; exit 75 (saved, may be resumed)"
+            ) in log, log[-3000:]
+    assert got.launcher_rc == GUARD_EXIT_STATUS, got.logs  # type: ignore[attr-defined]
+    return stop
+
+
 def test_hf_under_torchrun_exits_75_then_resumes_identically(
         tree: Tree, env: dict[str, str], tmp_path: Path) -> None:
     got = launch(tree, env, tmp_path, "hf", steps=STEPS, wrap=RUN)
-    assert got.oom_kills == 0, got.logs
-    assert got.statuses == [GUARD_EXIT_STATUS] * 2, got.logs
-    stop = stop_step(got)
-    assert 1 < stop < STEPS, got.logs
     # torchrun said 1 (ChildFailedError, as measured); run, having read both records, 75.
     assert "ChildFailedError" in got.launcher_log, got.launcher_log[-3000:]
-    assert got.launcher_rc == GUARD_EXIT_STATUS, got.logs
-    assert (f"cgwatch run: every rank (2) saved at step {stop} after the guard's stop; "
-            "python3 ended with exit 1; exit 75 (saved, may be resumed)"
-            ).replace("python3", Path(sys.executable).name) in got.launcher_log, \
-        got.launcher_log[-3000:]
+    stop = saved_and_75(got, "exit 1")
+    assert 1 < stop < STEPS, got.logs
     # The next run resumes from checkpoint-<stop> and finishes; an uninterrupted one beside.
     resumed = launch(tree, env, tmp_path, "hf", mode="resume", steps=STEPS, wrap=RUN)
     assert resumed.launcher_rc == 0 and resumed.statuses == [0, 0], resumed.logs
@@ -87,28 +95,16 @@ def test_hf_under_torchrun_exits_75_then_resumes_identically(
 def test_deepspeed_under_torchrun_exits_75(
         tree: Tree, env: dict[str, str], tmp_path: Path) -> None:
     got = launch(tree, env, tmp_path, "deepspeed", wrap=RUN)
-    assert got.oom_kills == 0, got.logs
-    assert got.statuses == [GUARD_EXIT_STATUS] * 2, got.logs
-    stop = stop_step(got)
     assert "ChildFailedError" in got.launcher_log, got.launcher_log[-3000:]
-    assert (f"cgwatch run: every rank (2) saved at step {stop} after the guard's stop; "
-            f"{Path(sys.executable).name} ended with exit 1; exit 75 (saved, may be resumed)"
-            ) in got.launcher_log, got.launcher_log[-3000:]
-    assert got.launcher_rc == GUARD_EXIT_STATUS, got.logs
+    saved_and_75(got, "exit 1")
 
 
 def test_lightning_launcher_killed_by_its_observer_still_exits_75(
         tree: Tree, env: dict[str, str], tmp_path: Path) -> None:
     got = launch(tree, env, tmp_path, "lightning", wrap=RUN,
                  faults={"GUARDTEST_LINGER_RANK0": str(LINGER)})
-    assert got.oom_kills == 0, got.logs
-    assert got.statuses == [GUARD_EXIT_STATUS] * 2, got.logs
-    stop = stop_step(got)
     # Rank 0 (Lightning's launcher) was SIGKILLed while it lingered: CMD's 137.
-    assert (f"every rank (2) saved at step {stop} after the guard's stop; "
-            f"{Path(sys.executable).name} ended with killed by SIGKILL; exit 75"
-            ) in got.launcher_log, got.launcher_log[-3000:]
-    assert got.launcher_rc == GUARD_EXIT_STATUS, got.logs
+    saved_and_75(got, "killed by SIGKILL")
 
 
 def test_a_rank_killed_at_the_save_is_not_75(
