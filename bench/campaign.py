@@ -198,8 +198,13 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
         raise KeyboardInterrupt
     cgroup = groups.make(f"run-{run.index}", limit)
     argv[argv.index("--out"):argv.index("--out")] = ["--cgroup", cgroup]
+    # One OpenMP thread for torch, as tests/integration's launchers: torch's default of one
+    # per core spins against the other jobs and the hog on the 2-core machine, and a tiny
+    # GPT-2 step then took 0.5-3 s (measured, 2 HF jobs and the hog) instead of ~25 ms: a
+    # 41 MiB/s leak came in pieces of 20-120 MiB, one a check, bigger than the 5 % reserve
+    # (77 MiB), a machine no user trains on.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", PYTHONUNBUFFERED="1",
-               PYTHONPATH=ROOT)
+               PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     record: dict[str, Any] = {**asdict(run), "limit": limit, "loadavg": os.getloadavg()[0]}
     began = time.monotonic()
     try:

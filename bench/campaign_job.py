@@ -237,11 +237,19 @@ def mlp() -> Any:
                                torch.nn.Linear(256, 1))
 
 
-def framework_step(job: Job, guard_cb: Any) -> str:
-    """After every optimizer step: follow the shape, a real step's pace, and say what next:
-    "" (go on), "stop" (training should end: the shape's time is over or SIGTERM saved)."""
-    t = job.tick()
+def framework_tick(job: Job) -> None:
+    """In every step, before the guard's check (a callback ahead of GuardCallback): follow
+    the shape at a real step's pace. A real job's leak is in its step (forward, backward, a
+    cache), which the check at the step's end sees; a shape followed after the check (this
+    job before) put each step's whole allocation past the check that should have seen it."""
+    job.tick()
     time.sleep(shapes.TICK)
+
+
+def framework_step(job: Job, guard_cb: Any) -> str:
+    """After the guard's check (a callback behind GuardCallback): say what next: ""
+    (go on), "stop" (training should end: the shape's time is over or SIGTERM saved)."""
+    t = time.monotonic() - job.t0
     if guard_cb is not None and guard_cb.stopped is not None and "stop_at" not in job.result:
         job.result["stop_at"] = t
         job.result.update(verdict_fields(guard_cb.stopped))
@@ -278,6 +286,10 @@ def run_hf(job: Job) -> int:
 
     class Shaper(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            framework_tick(job)
+
+    class Pacer(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if framework_step(job, guard):
                 control.should_training_stop = True
 
@@ -291,7 +303,7 @@ def run_hf(job: Job) -> int:
         per_device_train_batch_size=BATCH, learning_rate=1e-3, use_cpu=True, report_to=[],
         save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
         dataloader_num_workers=0)
-    callbacks: list[Any] = ([guard] if guard is not None else []) + [Shaper()]
+    callbacks: list[Any] = [Shaper()] + ([guard] if guard is not None else []) + [Pacer()]
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     job.begin()
     trainer.train()
@@ -332,6 +344,10 @@ def run_lightning(job: Job) -> int:
 
     class Shaper(L.Callback):  # type: ignore[misc]
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            framework_tick(job)
+
+    class Pacer(L.Callback):  # type: ignore[misc]
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
             if framework_step(job, guard):
                 trainer.should_stop = True
 
@@ -339,7 +355,7 @@ def run_lightning(job: Job) -> int:
     job.save_fn = lambda path: torch.save(module.state_dict(), path)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
                                          batch_size=BATCH, shuffle=True)
-    callbacks: list[Any] = ([guard] if guard is not None else []) + [Shaper()]
+    callbacks: list[Any] = [Shaper()] + ([guard] if guard is not None else []) + [Pacer()]
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=10**6, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False,

@@ -20,9 +20,13 @@ and v2 `high` rises on the path): it does no I/O of its own.
 
 What a save takes (the lead is that times `margin`): the longest of the job's last saves
 timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when given; else
-`checkpoint_bytes` (default: the guarded level's working set, the most a checkpoint can
-hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
-filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5.
+`checkpoint_bytes` (given; or the framework adapters' count of the model's and optimizer's
+state, `estimate_checkpoint()`; else the guarded level's working set, the most a checkpoint
+can hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
+filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5. The
+lead also holds the longest time between two checks over the last 5 samples (`check_gap`):
+a stop comes only at a check, and with one check a step a job of 3 s steps is next checked
+3 s later (its leak meanwhile one piece of 3 s), so the forecast must stop it a step early.
 
 Cost: a check between samples is one `time.monotonic()` and one `available_memory()`. A
 sample (`levels()`: every file of every level, ~20-40 us per level here, then the forecast
@@ -75,6 +79,7 @@ log = logging.getLogger("cgwatch")
 _monotonic = time.monotonic
 _KILLS = ("oom_kill", "oom_group_kill")
 _SAVES_KEPT = 5  # the longest of the last few saves is the checkpoint time
+_GAPS_KEPT = 5  # samples over which the longest time between two checks is kept in the lead
 
 
 class Guard:
@@ -85,8 +90,9 @@ class Guard:
     limit ("5%"); `rise_margin`: on top of it, the largest piece the job took twice (one
     climb over checks in a row, the same size again) times this (0: none;
     policy.LargestRise). `checkpoint_seconds`: what a save takes until the job reports its
-    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: the
-    working set) over `write_rate` (bytes or a size per second), module docstring;
+    own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: an
+    adapter's estimate, `estimate_checkpoint()`, else the working set) over `write_rate`
+    (bytes or a size per second), module docstring;
     `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
     between samples on average (spread +-`jitter` of it); `near_interval`: between samples
     while `available_memory()` is within the reserve plus the growth expected meanwhile.
@@ -141,7 +147,12 @@ class Guard:
         self.throttle_seconds = throttle_seconds
         self._configured_checkpoint = None if checkpoint_seconds is None \
             else float(checkpoint_seconds)
+        # The user said what a save takes (its time or its size): no estimate replaces it.
+        self._checkpoint_given = checkpoint_seconds is not None or size is not None
         self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
+        self._last_check: Optional[float] = None  # when check() last ran (monotonic)
+        self._gap_now = 0.0  # the longest time between two checks since the last sample
+        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # that, at the last samples
         self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
         self._rise = LargestRise()
         self._bound: Optional[int] = None  # the limit of the level that bounded the last sample
@@ -235,6 +246,9 @@ class Guard:
 
     def _decide(self, step: Optional[int]) -> Verdict:
         now = _monotonic()
+        if self._last_check is not None and now - self._last_check > self._gap_now:
+            self._gap_now = now - self._last_check
+        self._last_check = now
         available: Optional[int] = None
         try:
             available = self.monitor.available_memory()
@@ -278,6 +292,19 @@ class Guard:
         if seconds >= 0:
             self._saves.append(float(seconds))
 
+    def estimate_checkpoint(self, nbytes: int) -> bool:
+        """Take `nbytes` as a checkpoint's size, an estimate (the framework adapters count
+        the model's and the optimizer's state: integrations/_guarded.py), unless the user
+        gave `checkpoint_seconds` or `checkpoint_bytes`; True when taken. Until then the
+        size is the guarded level's working set, the most a checkpoint can hold; a save
+        timed later (`saving()`, `saved()`) wins over either (policy.save_seconds)."""
+        if nbytes < 0:
+            raise ValueError(f"guard: a checkpoint's size is >= 0 bytes, not {nbytes}")
+        if self._checkpoint_given:
+            return False
+        self.checkpoint_bytes = int(nbytes)
+        return True
+
     @property
     def checkpoint_seconds(self) -> float:
         """What a save takes: the longest of the last saves reported, else the configured,
@@ -286,9 +313,16 @@ class Guard:
                                    self.checkpoint_bytes, self._working_set, self.write_rate)
 
     @property
+    def check_gap(self) -> float:
+        """The longest time between two checks over the last few samples (seconds): a stop
+        comes only at a check, so the forecast must leave that too (module docstring)."""
+        return max(self._gaps, default=0.0)
+
+    @property
     def lead(self) -> float:
-        """Seconds the forecast must leave: checkpoint_seconds x margin."""
-        return self.checkpoint_seconds * self.margin
+        """Seconds the forecast must leave: checkpoint_seconds x margin, plus the time the
+        next check may be away (`check_gap`)."""
+        return self.checkpoint_seconds * self.margin + self.check_gap
 
     @property
     def rise(self) -> int:
@@ -337,6 +371,8 @@ class Guard:
                 # The level just found teaches from this check on. Only then: this check's
                 # figure fed again under the same level is a check that did not fall.
                 self._rise.update(available, self._bound, now)
+            self._gaps.append(self._gap_now)
+            self._gap_now = 0.0
             lead = self.lead
             share = self.reserve.fraction
             rise = int(self._rise.room(available) * self.rise_margin)

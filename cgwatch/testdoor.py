@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from cgwatch import inotify, watchhub
-from cgwatch.integrations import _autoload
+from cgwatch.integrations import _autoload, _guarded
 
 if TYPE_CHECKING:
     from cgwatch.psutil_view import _FastPath
@@ -101,3 +101,26 @@ def bound_libc(libc: Optional[inotify.Libc]) -> Iterator[None]:
         yield
     finally:
         inotify._libc = saved
+
+
+# --- the framework adapters (integrations/_guarded.py, transformers.py, lightning.py) --------
+
+# What a checkpoint holds, as the adapters count it for the guard: the pure count and when
+# they give it (tests/test_checkpoint_size.py).
+state_bytes = _guarded.state_bytes
+has_state = _guarded.has_state
+CheckpointSize = _guarded.CheckpointSize
+CHECKPOINT_EXTRAS_BYTES = _guarded.EXTRAS_BYTES
+
+
+
+def build_callback_class(adapter: str) -> type:
+    """The adapter's callback class built afresh (`_build()`), on the base the framework's
+    module in sys.modules has now (a test's fake): not the cached class `callback_class()`
+    keeps, which a fake base must not become for the rest of the process. `adapter`:
+    "transformers" or "lightning"."""
+    import importlib
+
+    module = importlib.import_module(f"cgwatch.integrations.{adapter}")
+    built: type = module._build()
+    return built

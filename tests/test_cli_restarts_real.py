@@ -91,10 +91,12 @@ def test_restarts_outrun_a_leak_that_restarts_with_the_job(tree: Tree,
     with open(report) as f:
         stops = [a["guard"] for a in json.load(f)["attempts"] if a["guard"] is not None]
     assert len(stops) == len(restarts), stops
-    assert stops[0]["lead"] == pytest.approx(3.0)
+    # Plus the longest time between two of run's checks (Guard.check_gap: 0.1 s apart, more
+    # when the loaded machine deschedules run's thread; under 0.5 s).
+    assert 3.0 <= stops[0]["lead"] < 3.5, stops
     for k in range(1, len(stops)):
         measured = max(stop["seconds_to_exit"] for stop in stops[:k])
-        assert stops[k]["lead"] == pytest.approx(1.5 * measured), stops
+        assert 1.5 * measured <= stops[k]["lead"] < 1.5 * measured + 0.5, stops
     assert [k for k, _ in restarts] == list(range(1, len(restarts) + 1))
     assert err.count("cgwatch guard: stopping to save: sending SIGTERM") == len(restarts), err
     assert err.count(" saved and exited 0 ") == len(restarts), err

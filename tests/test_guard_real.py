@@ -54,11 +54,14 @@ def test_the_guard_saves_and_stops_before_the_kill(tree: Tree, tmp_path: object)
     with open(checkpoint) as f:
         saved = json.load(f)
     verdict = saved["verdict"]
-    # The forecast fired first: 2 s checkpoint x 1.5 = 3 s lead, ~24 MiB at 8 MiB/s, while
-    # the 5% reserve (6.4 MiB) was not reached yet.
+    # The forecast fired first: 2 s checkpoint x 1.5 = 3 s lead (plus the longest time
+    # between two checks, a step of milliseconds; under 1 s even when the loaded machine
+    # deschedules the job), ~24 MiB at 8 MiB/s, while the 5% reserve (6.4 MiB) was not
+    # reached yet.
     assert verdict["trigger"] == "forecast", verdict
     assert verdict["headroom"] >= verdict["limit"] * 5 // 100, verdict
-    assert verdict["seconds_left"] <= verdict["lead"] == 3.0
+    assert verdict["seconds_left"] <= verdict["lead"]
+    assert 3.0 <= verdict["lead"] < 4.0, verdict
     assert 4 * MiB <= verdict["growth"] <= 12 * MiB, verdict
     assert oom_kills(job, tree.version) == 0
     assert "cgwatch guard: save and stop at step" in err and "predicted to reach" in err

@@ -139,13 +139,16 @@ class _Verdict(NamedTuple):
 
 
 class _Guard:
-    """What guard_step uses of a Guard: check(step) and saving()."""
+    """What guard_step uses of a Guard: check(step), saving() and estimate_checkpoint()."""
 
     def __init__(self, stop_at: int) -> None:
         self.stop_at = stop_at
 
     def check(self, step: Optional[int]) -> _Verdict:
         return _Verdict(step == self.stop_at)
+
+    def estimate_checkpoint(self, nbytes: int) -> bool:
+        return False  # as a guard given checkpoint_seconds
 
     def saving(self) -> Any:
         import contextlib

@@ -19,6 +19,11 @@ at every step: ZeRO's save is a collective (each rank writes its optimizer parti
 the guard's all-reduce (cgwatch/ranks.py) gives every rank the same answer at the same step.
 Resume with `engine.load_checkpoint(save_dir, tag)` (tag None: the `latest` file).
 
+Before a save is timed, unless the guard was given `checkpoint_seconds` or
+`checkpoint_bytes`, its checkpoint size is this rank's part of the state: `engine.module`'s
+and `engine.optimizer`'s (ZeRO's partition of the optimizer state and of the fp32 master
+weights), counted at the first calls (`_guarded.CheckpointSize`) instead of the working set.
+
 Under `cgwatch run`, `guard_step` also records, at its first call for a guard and right
 after the save, that this rank started and saved (cgwatch/saves.py, with
 `engine.global_rank`): `run` then exits 75 once every rank saved, although torchrun exits 1
@@ -35,6 +40,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from cgwatch import saves
+from cgwatch.integrations._guarded import CheckpointSize
 
 if TYPE_CHECKING:
     from cgwatch.guard import Guard
@@ -43,6 +49,8 @@ if TYPE_CHECKING:
 __all__ = ["guard_step", "save_checkpoint"]
 
 _started: weakref.WeakSet[Any] = weakref.WeakSet()  # guards whose rank recorded its start
+# Per guard, its checkpoint's estimate from the engine (_guarded.CheckpointSize).
+_sizes: weakref.WeakKeyDictionary[Any, CheckpointSize] = weakref.WeakKeyDictionary()
 
 
 def save_checkpoint(guard: Guard, engine: Any, save_dir: str, **kwargs: Any) -> Any:
@@ -59,6 +67,12 @@ def guard_step(guard: Guard, engine: Any, step: Optional[int], save_dir: str,
     if guard not in _started:
         _started.add(guard)
         saves.record_start(*_rank(engine))
+    size = _sizes.get(guard)
+    if size is None:
+        size = _sizes[guard] = CheckpointSize()
+    if not size.done:  # the first steps only
+        size.update(guard, getattr(engine, "module", None),
+                    [getattr(engine, "optimizer", None)])
     verdict = guard.check(step)
     if verdict.stop:
         save_checkpoint(guard, engine, save_dir, **kwargs)

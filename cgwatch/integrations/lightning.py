@@ -13,6 +13,9 @@ After every training batch (`on_train_batch_end`) the callback asks
 mid-epoch like one of its own: with a resumable loader such as torchdata's
 `StatefulDataLoader`) to `dirpath/filename` (default: the trainer's `default_root_dir`,
 `guard-step=<step>.ckpt`), times the save for the guard, and sets `trainer.should_stop`.
+Before a save is timed, unless the user gave `checkpoint_seconds` or `checkpoint_bytes`, the
+guard's checkpoint size is the module's and `trainer.optimizers`' state (at the first
+batches, `_guarded.CheckpointSize`) instead of the working set.
 Under DDP every rank gets the same answer at the same step (the guard's all-reduce,
 cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collective. Under
 `cgwatch run` each rank also records that it started (`setup`) and that it saved (right
@@ -72,6 +75,8 @@ def _build() -> type:
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
             guard = self._the_guard()
+            if not self.checkpoint_size.done:  # the first steps only (_guarded.py)
+                self._size_checkpoint(guard, pl_module, trainer.optimizers)
             verdict = guard.check(trainer.global_step)
             if not verdict.stop or self.stopped is not None:
                 return

@@ -13,7 +13,10 @@ Trainer writes `checkpoint-<step>/` as for a scheduled save (model, optimizer, s
 states, trainer state) and leaves `train()`. Under torchrun every rank gets the same answer
 at the same step (the guard's all-reduce, cgwatch/ranks.py): a save on one rank only would
 hang in its collective. The time of each save, scheduled or not (from the `on_step_end` that
-asked for it to `on_save`), is reported to the guard, whose forecast allows for it. Under
+asked for it to `on_save`), is reported to the guard, whose forecast allows for it; before
+the first, unless the user gave `checkpoint_seconds` or `checkpoint_bytes`, the guard's
+checkpoint size is the model's and optimizer's state (the Trainer's `model` and `optimizer`
+at the first `on_step_end`s, `_guarded.CheckpointSize`) instead of the working set. Under
 `cgwatch run` each rank also records that it started and, at `on_save` after a stop, that
 it saved (cgwatch/saves.py): `run` then exits 75 once every rank saved, although torchrun
 exits 1 for workers that exit 75.
@@ -62,7 +65,10 @@ def _build() -> type:
             return control
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-            verdict = self._the_guard().check(state.global_step)
+            guard = self._the_guard()
+            if not self.checkpoint_size.done:  # the first steps only (_guarded.py)
+                self._size_checkpoint(guard, kwargs.get("model"), [kwargs.get("optimizer")])
+            verdict = guard.check(state.global_step)
             if verdict.stop and self.stopped is None:
                 self.stopped = verdict
                 control.should_save = True

@@ -19,7 +19,8 @@ SIGTERM every rank agrees at the end of the step, the Trainer saves there, and e
 exits 0; its results go to requeue<L>-rank<r>.json, L being $SLURM_RESTART_COUNT or 0: the
 Slurm tier's tests/slurm/cases_requeue.py), and the
 healthy shapes (hf and lightning, no leak, the adapter's GuardCallback() with its documented
-defaults, STEPS steps): sawtooth (a temporary of SHAPE_MIB MiB, written at every
+defaults, STEPS steps, then the framework's own checkpoint, whose size on disk and the
+guard's estimate of it go to the result): sawtooth (a temporary of SHAPE_MIB MiB, written at every
 SAW_PERIOD-th step, kept for half the period, then freed) and step (SHAPE_MIB MiB written
 at step STEP_AT and kept to the end: a plateau). Every
 step's loss, the guard's verdict and the checkpoint go to OUT/<mode>-rank<r>.json before the
@@ -267,11 +268,16 @@ def hf(job: Job) -> None:
     model = GPT2LMHeadModel(GPT2Config(
         n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=32, bos_token_id=0,
         eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    # The healthy shapes end with the Trainer's own checkpoint at the last step: the one the
+    # guard's estimate of a checkpoint (GuardCallback's, from the model and optimizer) is
+    # compared with (tests/integration/test_guard_healthy.py).
+    save = {"save_strategy": "steps", "save_steps": job.steps} if job.mode in HEALTHY \
+        else {"save_strategy": "no"}
     args = TrainingArguments(
         output_dir=job.checkpoint, max_steps=job.steps, per_device_train_batch_size=BATCH,
         learning_rate=1e-3, lr_scheduler_type="constant", use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0,
-        dataloader_num_workers=0, ddp_find_unused_parameters=False)
+        logging_strategy="no", disable_tqdm=True, seed=0,
+        dataloader_num_workers=0, ddp_find_unused_parameters=False, **save)
     callbacks: list[Any] = [Leak()]
     guard = None
     if job.mode in ("guard", "onecgroup"):
@@ -289,7 +295,20 @@ def hf(job: Job) -> None:
     if guard is not None and guard.stopped is not None:
         job.write(guard.stopped, checkpoint=_last_hf_checkpoint(job.checkpoint))
         guard.exit_if_stopped()
+    if job.mode in HEALTHY and guard is not None:
+        _record_checkpoint_size(job, guard, _last_hf_checkpoint(job.checkpoint))
     job.write()
+
+
+def _record_checkpoint_size(job: Job, guard: Any, path: Optional[str]) -> None:
+    """The guard's checkpoint size (the adapter's estimate) and the bytes the framework
+    wrote at `path` (a file, or a directory's files)."""
+    job.result["checkpoint_estimate"] = guard.guard.checkpoint_bytes
+    if path is None:
+        return
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
+    job.result["checkpoint_on_disk"] = sum(os.path.getsize(f) for f in files)
 
 
 def _wait_for_rank0_record(seconds: float = 60.0) -> None:
@@ -371,6 +390,10 @@ def lightning(job: Job) -> None:
     if guard is not None and guard.stopped is not None:
         job.write(guard.stopped, checkpoint=guard.path)
         guard.exit_if_stopped()
+    if job.mode in HEALTHY and guard is not None:
+        path = os.path.join(job.out, f"{job.mode}-last.ckpt")  # what the guard's save writes
+        trainer.save_checkpoint(path)
+        _record_checkpoint_size(job, guard, path)
     job.write()
 
 
