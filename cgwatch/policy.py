@@ -225,10 +225,11 @@ class LargestRise:
     noise), known once a check gives back, or does not fall `_HOLD` (0.3 s) after the last
     that fell (a fall of the headroom is a rise of the working set; a step that allocated
     nothing inside one allocation is a pause, not its end). *Twice* is the same piece
-    again: two pieces within 1/8 of each other in size; `largest` is the largest such repeat (the smaller of the pair). A job that
-    allocates in pieces (stairs, a batch, a cache shard, an evaluation's buffers) takes the
-    same allocation again, the same size up to what else it did meanwhile: the reserve must
-    hold the next one and still leave the save its room.
+    again: two pieces within 1/8 of each other in size; `largest` is the largest such
+    repeat (the smaller of the pair). A job that allocates in pieces (stairs, a batch, a
+    cache shard, an evaluation's buffers) takes the same allocation again, the same size up
+    to what else it did meanwhile: the reserve must hold the next one and still leave the
+    save its room.
 
     Why a climb and not one check's fall: a check's fall is the job's rate times the
     checking period, not a size the job takes (`cgwatch run --guard` checks every 0.1 s
