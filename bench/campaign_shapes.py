@@ -142,17 +142,23 @@ def slow(rate_mib: float) -> Callable[..., Target]:
 def bursty(rng: random.Random, limit: int, room: int, life: float) -> Target:
     """Random pieces (1-8 % of the limit) every 0.2-1.5 s, a quarter of them frees of an
     earlier piece's size: a rising walk scaled so that its first passage of `room` is near
-    `life`."""
-    times, held, now, level = [0.0], [0.0], 0.0, 0.0
-    while now < life * 2:
-        now += rng.uniform(0.2, 1.5)
-        piece = rng.uniform(0.01, 0.08) * limit
-        level = max(0.0, level - piece if rng.random() < 0.25 else level + piece)
-        times.append(now)
-        held.append(level)
-    # Scale so that the walk's level at `life` is the room (its first passage may be earlier).
-    at_life = next((h for t, h in zip(reversed(times), reversed(held)) if t <= life), 1.0)
-    scale = room / max(at_life, 1.0)
+    `life`. A walk that needs scaling by more than 3 (its level at `life` low after many
+    frees) is drawn again: scaled, its pieces would be no longer 1-8 % but up to half the
+    limit (a campaign's seed 1066: a single piece of 264 MiB in 512 MiB, 1.4 s in)."""
+    while True:
+        times, held, now, level = [0.0], [0.0], 0.0, 0.0
+        while now < life * 2:
+            now += rng.uniform(0.2, 1.5)
+            piece = rng.uniform(0.01, 0.08) * limit
+            level = max(0.0, level - piece if rng.random() < 0.25 else level + piece)
+            times.append(now)
+            held.append(level)
+        # Scale so that the walk's level at `life` is the room (its first passage may be
+        # earlier).
+        at_life = next((h for t, h in zip(reversed(times), reversed(held)) if t <= life), 1.0)
+        scale = room / max(at_life, 1.0)
+        if scale <= 3.0:
+            break
     import bisect
 
     def target(t: float) -> float:
