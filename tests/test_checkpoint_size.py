@@ -224,12 +224,17 @@ def _hf_steps(callback: Any, model: Any, optimizer: Any, steps: int) -> None:
         callback.on_step_end(args, state, control, model=model, optimizer=optimizer)
 
 
+# What the user gave the callback (or the Guard passed to it) -> the guard's checkpoint_bytes
+# after the adapter's steps: the estimate only when nothing was given.
+GIVEN = [
+    pytest.param({}, 104476 + EXTRAS_BYTES, id="nothing-given"),
+    pytest.param({"checkpoint_seconds": 2.0}, None, id="seconds-given"),
+    pytest.param({"checkpoint_bytes": "10M"}, 10 * MiB, id="bytes-given"),
+]
+
+
 @pytest.mark.usefixtures("fake_frameworks")
-@pytest.mark.parametrize("given, expected", [
-    ({}, 104476 + EXTRAS_BYTES),
-    ({"checkpoint_seconds": 2.0}, None),
-    ({"checkpoint_bytes": "10M"}, 10 * MiB),
-], ids=["nothing-given", "seconds-given", "bytes-given"])
+@pytest.mark.parametrize("given, expected", GIVEN)
 def test_hf_callback_sizes_the_checkpoint_only_when_nothing_was_given(
         monitor: Monitor, given: dict[str, Any], expected: Optional[int]) -> None:
     cls = build_callback_class("transformers")
@@ -245,11 +250,7 @@ def test_hf_callback_sizes_the_checkpoint_only_when_nothing_was_given(
 
 
 @pytest.mark.usefixtures("fake_frameworks")
-@pytest.mark.parametrize("given, expected", [
-    ({}, 104476 + EXTRAS_BYTES),
-    ({"checkpoint_seconds": 2.0}, None),
-    ({"checkpoint_bytes": "10M"}, 10 * MiB),
-], ids=["nothing-given", "seconds-given", "bytes-given"])
+@pytest.mark.parametrize("given, expected", GIVEN)
 def test_lightning_callback_sizes_the_checkpoint_only_when_nothing_was_given(
         monitor: Monitor, given: dict[str, Any], expected: Optional[int]) -> None:
     cls = build_callback_class("lightning")
