@@ -156,6 +156,19 @@ FAST_START_THEN_SPIKES = (
     "print('done', flush=True)\n")
 
 
+def runs_to_its_end_unstopped(tree: Tree, limit: int, script: str) -> None:
+    """`cgwatch run --guard -- python -c SCRIPT` in a job cgroup of `limit`: SCRIPT's own
+    output and status 0, no guard line, no OOM kill."""
+    job = tree.make("job", limit=limit)
+    argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--",
+            sys.executable, "-c", script]
+    proc = tree.spawn(job, f"import sys\nos.execv(sys.executable, {argv!r})\n")
+    out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, out) == (0, "started\ndone\n"), err
+    assert "cgwatch guard" not in err, err
+    assert oom_kills(job, tree.version) == 0
+
+
 def test_run_guard_leaves_a_fast_start_and_its_evaluations_alone(tree: Tree) -> None:
     """One fast start-up allocation read over several checks is one piece, taken once, and
     an evaluation spike's top is a depth the job comes back from: no stop, no line. (The
@@ -163,14 +176,7 @@ def test_run_guard_leaves_a_fast_start_and_its_evaluations_alone(tree: Tree) -> 
     MiB in 512 MiB; this smaller case passed 3 of 3 under that rule too, so it guards the
     shape class, and tests/test_policy.py's rows and test_guard_fake's
     test_a_climb_over_samples_is_one_piece pin the rule.)"""
-    job = tree.make("job", limit=256 * MiB)
-    argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--",
-            sys.executable, "-c", FAST_START_THEN_SPIKES]
-    proc = tree.spawn(job, f"import sys\nos.execv(sys.executable, {argv!r})\n")
-    out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out) == (0, "started\ndone\n"), err
-    assert "cgwatch guard" not in err, err
-    assert oom_kills(job, tree.version) == 0
+    runs_to_its_end_unstopped(tree, 256 * MiB, FAST_START_THEN_SPIKES)
 
 
 # A healthy job whose start-up runs into its first sawtooth ramp (the campaign's Lightning
@@ -207,14 +213,7 @@ def test_run_guard_leaves_a_start_up_run_into_a_sawtooth_alone(tree: Tree) -> No
     rule before kept the 86 MiB ramp x 1.25 + the reserve (~115 MiB) free and stopped it on
     a ramp (4 of 6 runs, with 320 and 300 MiB limits; the campaign: Lightning's "ramp, then
     2 s sawtooth" under run --guard, 2 of 8)."""
-    job = tree.make("job", limit=300 * MiB)
-    argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--",
-            sys.executable, "-c", START_INTO_SAWTOOTH]
-    proc = tree.spawn(job, f"import sys\nos.execv(sys.executable, {argv!r})\n")
-    out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, out) == (0, "started\ndone\n"), err
-    assert "cgwatch guard" not in err, err
-    assert oom_kills(job, tree.version) == 0
+    runs_to_its_end_unstopped(tree, 300 * MiB, START_INTO_SAWTOOTH)
 
 
 def test_run_guard_leaves_a_job_that_fits_alone(tree: Tree, tmp_path: object) -> None:
