@@ -175,12 +175,13 @@ class Decision:
             self._rise.update(available, self._bound, now)
         self._gaps.append(self._gap_now)
         self._gap_now = 0.0
-        lead = self.lead
+        save, gap = self.checkpoint_seconds, self.check_gap
+        lead = save * self.margin + gap  # self.lead, its parts kept for the message
         reserve, share = self.reserve.bytes or 0, self.reserve.fraction
         rise = int(self._rise.room(available) * self.rise_margin)
         verdict = policy.decide(readings, reserve=reserve, share=share, lead=lead,
                                 throttle_seconds=self.throttle_seconds, killed=killed,
-                                step=step, rise=rise)
+                                step=step, rise=rise, lead_from=(save, self.margin, gap))
         floors = [policy.floor(r.limit, reserve, share, rise)
                   for r in readings if r.limit is not None]
         self._plan = sampling.plan(
