@@ -155,7 +155,24 @@ class Guard:
     def check(self, step: Optional[int] = None) -> Verdict:
         """The decision now (never raises). Cheap between samples: see the module docstring.
         In a distributed job, the decision all ranks agreed on (module docstring)."""
-        return self._agreement.at_check(self._decide(step), step)
+        decision, reader = self._decision, self._reader
+        now = _monotonic()
+        killed = reader.killed
+        try:
+            available = self.monitor.available_memory()
+            if not decision.due(now, available, killed):
+                # the last sample's verdict: its `step` is the one of the check that decided it
+                return self._agreement.at_check(decision.verdict, step)
+            with self._lock:
+                previous = decision.verdict
+                verdict = decision.sample(now, available, reader.levels(), killed, step)
+        except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
+            log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
+            decision.sampling_failed(now, reader.killed)
+            verdict = previous = decision.verdict
+        if verdict.key() != previous.key():
+            self._announce(verdict)
+        return self._agreement.at_check(verdict, step)
 
     def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
         """End the job after its save: print `verdict.message()` (default: the last one
@@ -172,25 +189,6 @@ class Guard:
     def _agreed_or_local(self) -> Verdict:
         agreement = self._agreement
         return agreement.agreed if agreement.group is not None else self._decision.verdict
-
-    def _decide(self, step: Optional[int]) -> Verdict:
-        decision, reader = self._decision, self._reader
-        now = _monotonic()
-        killed = reader.killed
-        try:
-            available = self.monitor.available_memory()
-            if not decision.due(now, available, killed):
-                return decision.verdict  # its `step` is the one of the check that decided it
-            with self._lock:
-                previous = decision.verdict
-                verdict = decision.sample(now, available, reader.levels(), killed, step)
-        except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
-            log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
-            decision.sampling_failed(now, reader.killed)
-            return decision.verdict
-        if verdict.key() != previous.key():
-            self._announce(verdict)
-        return verdict
 
     @property
     def decision(self) -> Decision:
