@@ -132,6 +132,14 @@ TRACES = [
         at(t, job(4096, 1024, high=3 * GiB, psi=int(t * 500_000)))
         for t in (0.0, 0.5, 1.0, 1.5)], 3, THROTTLE, "/job",
         {"pressure": 0.5, "throttled_for": 1.0}), id="throttle-psi"),
+    # A level that leaves the path is forgotten (its trend, PSI reading and throttled time):
+    # /job throttled from t = 0.5, absent at t = 1.0; back at 1.5 its PSI total is a first
+    # reading again (no share), throttled from 2.0, for 1.0 s at t = 3.0.
+    pytest.param(Row({"throttle_seconds": 1.0, "interval": 0.0}, [
+        at(t, job(4096, 1024, high=3 * GiB, psi=int(t * 500_000))) if t != 1.0
+        else at(t, job(4096, 1024, "/other")) for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)],
+        6, THROTTLE, "/job", {"pressure": 0.5, "throttled_for": 1.0}),
+        id="throttling-forgets-a-level-that-left"),
     # PSI unread: the `high` counter rising at every sample from t = 0.5 on.
     pytest.param(Row({"throttle_seconds": 1.0, "interval": 0.0}, [
         at(t, job(4096, 1024, high=3 * GiB, rises=k))
