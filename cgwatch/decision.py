@@ -174,9 +174,11 @@ class Decision:
             tight = min(limited, key=lambda r: r.headroom or 0)
             self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
             self._bound = bound_limit(available, tight)
-        if available is not None and self._bound != bound:
-            # The level just found: its depths start from this check's figure (a new limit
-            # forgets the old one's); a figure due() skipped for want of a level is taken now.
+        if available is not None and self._bound is not None and self._bound != bound:
+            # due() fed this check's figure under the level the last sample found. This one
+            # found another: the figure is taken under it. A new limit starts its depths here
+            # and learns nothing yet; a figure due() skipped (no level bounded it) is learned
+            # from now. Either way each check's figure is learned from once.
             self._rise.update(available, self._bound, now)
         self._gaps.append(self._gap_now)
         self._gap_now = 0.0
