@@ -111,14 +111,10 @@ class Decision:
                              "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
         self.reserve = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
-        self.rise_margin = rise_margin
-        self.margin = margin
-        self.interval = interval
-        self.jitter = jitter
-        self.near_interval = near_interval
-        self.write_rate = rate
-        self.checkpoint_bytes = size
-        self.throttle_seconds = throttle_seconds
+        self.rise_margin, self.throttle_seconds = rise_margin, throttle_seconds
+        self.interval, self.jitter, self.near_interval = interval, jitter, near_interval
+        # what a save takes, until one is timed: checkpoint_bytes / write_rate x margin
+        self.margin, self.write_rate, self.checkpoint_bytes = margin, rate, size
         self._configured = None if checkpoint_seconds is None else float(checkpoint_seconds)
         # The user said what a save takes (its time or its size): no estimate replaces it.
         self._checkpoint_given = checkpoint_seconds is not None or size is not None
