@@ -3,9 +3,10 @@ traces at the same checks, with the same figures?
 
     python -m bench.guard_same BASE/cgwatch CHANGED/cgwatch [--seeds N] [--checks N]
 
-Both packages are loaded side by side (bench.ab.load), each with its own Monitor on one
-fake v2 tree (tests/fake_tree.FakeHost: the guard's reads are the real code's, of files a
-test writes) and one fake clock (each package's `guard._monotonic`, the name both use). Each
+Both packages are loaded side by side (bench.ab.load); their Guards read one stub monitor
+(`_Job`: what a v2 Monitor's `available_memory()`, `levels()`, `status` and `layout()`
+answer, from the trace's figures; the guard's own reading, filtering and PSI parsing run as
+they do on a real one) on one fake clock (each package's `guard._monotonic`). Each
 seed is a random trace: a leak, a sawtooth, stairs, a random walk or a mix, in a limit of
 512 MiB, 2 or 8 GiB resized now and then, checks 5 ms to 0.6 s apart, sometimes
 memory.high with a PSI total and `high` rises, OOM kills and timed saves; run under four
@@ -27,13 +28,13 @@ import collections
 import importlib
 import logging
 import random
-import shutil
-import tempfile
-from types import ModuleType
-from typing import Any, Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable, Optional
 
 from bench.ab import load
-from tests.fake_tree import FakeHost, GiB, MiB
+
+MiB = 1 << 20
+GiB = 1 << 30
 
 FIELDS = ("stop", "trigger", "level", "limit", "headroom", "reserve", "growth", "seconds_left",
           "lead", "pressure", "throttled_for", "killed", "step", "rank", "rise")
@@ -52,9 +53,34 @@ class _Rise:
         self.propagated, self.cgroup_path = False, "/job"
 
 
+class _Job:
+    """A v2 job's level as the guard asks a Monitor about it: its limit, usage (inactive 0),
+    memory.high and memory.pressure's total (None: none)."""
+
+    def __init__(self, limit: int, usage: int, high: Optional[int], psi: Optional[int]) -> None:
+        self.limit, self.usage, self.high, self.psi = limit, usage, high, psi
+        self.status = SimpleNamespace(version=2)
+
+    def available_memory(self) -> int:
+        return self.limit - self.usage
+
+    def levels(self) -> list[Any]:
+        return [SimpleNamespace(cgroup_path="/job", limit=self.limit, usage=self.usage,
+                                inactive_file=0, headroom=self.limit - self.usage,
+                                high=self.high, hidden=False)]
+
+    def layout(self) -> Any:
+        return SimpleNamespace(levels=[SimpleNamespace(cgroup_path="/job", read=self._read)])
+
+    def _read(self, name: str) -> str:
+        if self.psi is None:
+            raise FileNotFoundError(name)
+        return PSI.format(t=self.psi)
+
+
 def _handler(guard: Any) -> Callable[[Any], None]:
     reader = getattr(guard, "_reader", None)
-    return reader.on_event if reader is not None else guard._on_event  # type: ignore[no-any-return]
+    return reader.on_event if reader is not None else guard._on_event
 
 
 def _next_size(rnd: random.Random, shape: str, ws: int, limit: int, dt: float, t: float,
@@ -80,63 +106,46 @@ def trace(packages: dict[str, ModuleType], seed: int, options: dict[str, Any], c
     """Run one trace through both packages; "" when they agreed at every check, else the
     first difference."""
     rnd = random.Random(seed)
-    root = tempfile.mkdtemp(prefix="cgwatch-guard-same-")
     clock = [100.0]
     guard_modules = [importlib.import_module(p.__name__ + ".guard") for p in packages.values()]
     for module in guard_modules:
         module._monotonic = lambda: clock[0]
-    host = FakeHost(root, 2, cgroup_path="/job")
     limit = rnd.choice([512 * MiB, 2 * GiB, 8 * GiB])
-    host.make_path({"/job": limit})
-    d = host.level_dir("/job")
     high = rnd.random() < 0.4
-    if high:
-        host.write(d + "/memory.high", f"{int(limit * 0.8)}\n")
-        host.write(d + "/memory.pressure", PSI.format(t=0))
-    monitors = [p.Monitor(host.root, thread=False) for p in packages.values()]
-    guards = [gm.Guard(mon, events=False, **options)
-              for gm, mon in zip(guard_modules, monitors)]
+    job = _Job(limit, 0, int(limit * 0.8) if high else None, 0 if high else None)
+    guards = [gm.Guard(job, events=False, **options) for gm in guard_modules]
     handlers = [_handler(g) for g in guards]
     shape = rnd.choice(["leak", "sawtooth", "stairs", "walk", "mix"])
     ws, piece = int(limit * rnd.uniform(0.05, 0.5)), int(limit * rnd.uniform(0.02, 0.15))
-    psi = kills = rises = 0
-    try:
-        for step in range(checks):
-            dt = rnd.choice([0.005, 0.01, 0.02, 0.05, 0.1, 0.1, 0.3, rnd.uniform(0.0, 0.6)])
-            clock[0] += dt
-            ws = _next_size(rnd, shape, ws, limit, dt, clock[0], piece)
-            host.set_usage("/job", max(0, ws), 0)
-            if high:
-                psi += int(dt * 1e6 * rnd.choice([0.0, 0.05, 0.5]))
-                host.write(d + "/memory.pressure", PSI.format(t=psi))
-                if rnd.random() < 0.3:
-                    for h in handlers:
-                        h(_Rise("high", rises))
-                    rises += 1
-            if rnd.random() < 0.002:
+    kills = rises = 0
+    for step in range(checks):
+        dt = rnd.choice([0.005, 0.01, 0.02, 0.05, 0.1, 0.1, 0.3, rnd.uniform(0.0, 0.6)])
+        clock[0] += dt
+        ws = _next_size(rnd, shape, ws, job.limit, dt, clock[0], piece)
+        job.usage = max(0, ws)
+        if job.psi is not None:
+            job.psi += int(dt * 1e6 * rnd.choice([0.0, 0.05, 0.5]))
+            if rnd.random() < 0.3:
                 for h in handlers:
-                    h(_Rise("oom_kill", kills))
-                kills += 1
-            if rnd.random() < 0.003:
-                limit = int(limit * rnd.uniform(0.8, 1.25))
-                host.set_limit("/job", limit)
-            if rnd.random() < 0.01:
-                seconds = rnd.uniform(0.1, 5)
-                for g in guards:
-                    g.saved(seconds)
-            verdicts = [g.check(step) for g in guards]
-            seen = [tuple(getattr(v, f) for f in FIELDS) for v in verdicts]
-            if any(s != seen[0] for s in seen[1:]):
-                return f"seed {seed} {options} {shape}, check {step}: " + " | ".join(
-                    f"{alias}: {v.message()}" for alias, v in zip(packages, verdicts))
-            triggers[verdicts[0].trigger or "go on"] += 1
-        return ""
-    finally:
-        for g in guards:
-            g.close()
-        for mon in monitors:
-            mon.close()
-        shutil.rmtree(root, ignore_errors=True)
+                    h(_Rise("high", rises))
+                rises += 1
+        if rnd.random() < 0.002:
+            for h in handlers:
+                h(_Rise("oom_kill", kills))
+            kills += 1
+        if rnd.random() < 0.003:
+            job.limit = int(job.limit * rnd.uniform(0.8, 1.25))
+        if rnd.random() < 0.01:
+            seconds = rnd.uniform(0.1, 5)
+            for g in guards:
+                g.saved(seconds)
+        verdicts = [g.check(step) for g in guards]
+        seen = [tuple(getattr(v, f) for f in FIELDS) for v in verdicts]
+        if any(x != seen[0] for x in seen[1:]):
+            return f"seed {seed} {options} {shape}, check {step}: " + " | ".join(
+                f"{alias}: {v.message()}" for alias, v in zip(packages, verdicts))
+        triggers[verdicts[0].trigger or "go on"] += 1
+    return ""
 
 
 def main() -> None:
