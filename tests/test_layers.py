@@ -59,6 +59,8 @@ LAYER = {
     "cgwatch.sampling": "pure rules",
     "cgwatch.trends": "pure rules",
     "cgwatch.timeline": "pure rules",
+    "cgwatch.wouldstop": "pure rules",
+    "cgwatch.guardrecord": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -73,6 +75,7 @@ LAYER = {
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
     "cgwatch.saves": "I/O edges",
+    "cgwatch.recordfile": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
@@ -153,6 +156,7 @@ PURE_STDLIB = frozenset({
     "__future__", "typing", "collections", "collections.abc", "dataclasses", "re",
     "fractions", "decimal", "numbers", "math", "enum", "functools", "itertools", "operator",
     "string", "bisect", "heapq", "abc",
+    "json",  # text to values and back, as re: guardrecord.py's lines
 })
 IMPURE = frozenset({
     "os", "os.path", "io", "sys", "socket", "subprocess", "threading", "time", "signal",

@@ -1,0 +1,112 @@
+"""Internal. Writes a guard's record (the format: guardrecord.py) to a file, for `cgwatch
+replay`. Buffered: a check between samples is one encode and one write into the file
+object's buffer (no system call); the buffer goes to the file at each sample (`flush`),
+so a job the OOM killer ends leaves its record up to its last sample, ~0.5 s before. Bounded:
+past `max_bytes` one line says the record was cut there and nothing more is written (the
+replay says so). A write that fails (a full disk) is one warning and the end of the record:
+the guard's check never raises for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from .guardrecord import RecordEncoder, header_line, note_line
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import TextIO
+
+log = logging.getLogger("cgwatch")
+
+DEFAULT_MAX_BYTES = 1 << 30  # a week of a 10 ms step loop is ~1 GB (docs/guard.md)
+
+
+def clock() -> int:
+    """The guard's clock when it records: monotonic microseconds (guardrecord.clock_us)."""
+    return time.monotonic_ns() // 1000
+
+
+class RecordFile:
+    """A guard's record being written to `path` (truncated first): the header now (the
+    decision's `options`, the clock's `start_us`, `observe`, and `extra` fields such as the
+    command), then one line per `check()` and `note()`, until `close()`."""
+
+    def __init__(self, path: str, options: dict[str, Any], start_us: int, observe: bool,
+                 max_bytes: int = DEFAULT_MAX_BYTES, **extra: Any) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"guard: record_bytes must be positive, not {max_bytes}")
+        self.path = path
+        self.max_bytes = max_bytes
+        self._file: Optional[TextIO] = open(path, "w", encoding="utf-8",  # noqa: SIM115
+                                            buffering=1 << 16)
+        self._encoder = RecordEncoder(start_us)
+        self.written = 0
+        self.cut = False
+        self._write(header_line(options, start_us, time.time(), observe, pid=os.getpid(),
+                                **extra))
+        self.flush()
+
+    def check(self, us: int, available: Optional[int], killed: int, step: Optional[int],
+              levels: Optional[Sequence[Sequence[Any]]] = None, failed: bool = False,
+              verdict: Optional[dict[str, Any]] = None) -> None:
+        """One check's inputs; at a sample (`levels` or `failed`) the buffer is flushed."""
+        if self._file is None:
+            return
+        self._write(self._encoder.check(us, available, killed, step, levels, failed, verdict))
+        if levels is not None or failed:
+            self.flush()
+
+    def note(self, kind: str, value: Any, **extra: Any) -> None:
+        """A line between checks (guardrecord.note_line): a save, an estimate, the end."""
+        if self._file is not None:
+            self._write(note_line(kind, value, **extra))
+            self.flush()
+
+    def flush(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.flush()
+            except OSError as e:
+                self._fail(e)
+
+    def close(self) -> None:
+        """Flush and close (again: nothing)."""
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, line: str) -> None:
+        assert self._file is not None
+        if self.written + len(line) > self.max_bytes:
+            cut = note_line("cut", clock(), bytes=self.written)
+            self.cut = True
+            log.warning("cgwatch guard: the record %s reached its size cap (%d bytes): "
+                        "nothing more is recorded; a replay stops here", self.path,
+                        self.max_bytes)
+            try:
+                self._file.write(cut)
+            except OSError:
+                pass
+            self.close()
+            return
+        try:
+            self._file.write(line)
+        except OSError as e:
+            self._fail(e)
+            return
+        self.written += len(line)
+
+    def _fail(self, error: OSError) -> None:
+        log.warning("cgwatch guard: writing the record %s failed (%r): nothing more is "
+                    "recorded", self.path, error)
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
