@@ -66,6 +66,7 @@ from .frozen import replace
 from .logs import reaches_last_resort
 from .policy import EXIT_STATUS, LargestRise, Reading, Throttling, Verdict
 from .trends import LevelTrends
+from .wouldstop import Judged, Observer, summary_line, would_stop_line
 
 if TYPE_CHECKING:
     from .events import Events
@@ -104,7 +105,10 @@ class Guard:
     per time scale). `sync_every`: checks between two agreements
     of all ranks (module docstring; 0: never, each rank decides alone); `ranks`: the group
     to agree in (anything with `rank` and a collective `max(int) -> int`; default
-    torch.distributed's default group, once initialised).
+    torch.distributed's default group, once initialised). `observe`: decide everything,
+    do nothing: `check()` answers *go on* where it would say stop, a would-be stop is logged
+    once ("would save and stop"), and `would_stops()` judges each by what followed
+    (wouldstop.py; docs/guard.md, "Check it before you let it act").
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
@@ -116,7 +120,7 @@ class Guard:
                  pressure: str = "full", pressure_threshold: float = 0.10,
                  throttle_seconds: float = 30.0, events: Union[bool, Events] = True,
                  bucket: float = 1.0, span: int = 12, window: int = 24, sync_every: int = 10,
-                 ranks: Optional[Ranks] = None) -> None:
+                 ranks: Optional[Ranks] = None, observe: bool = False) -> None:
         if monitor is None:
             from .default import default_monitor
 
@@ -185,6 +189,12 @@ class Guard:
             self._events = events
         if self._events is not None:
             self._events.subscribe(self._on_event)
+        self._observer: Optional[Observer] = None
+        if observe:
+            self._observer = Observer()
+            # In place of the method on this instance only: an acting guard's check() pays
+            # nothing for observe mode, not even a test.
+            self.check = self._observed_check  # type: ignore[method-assign]
 
     # ---- the per-step call --------------------------------------------------------------------
 
@@ -206,6 +216,27 @@ class Guard:
         if (self._calls - 1) % self.sync_every:
             return self._agreed
         return self._agree(group, verdict, step)
+
+    def _observed_check(self, step: Optional[int] = None) -> Verdict:
+        """check() in observe mode: the decision kept as a would-be stop, *go on* answered."""
+        verdict = Guard.check(self, step)
+        assert self._observer is not None
+        return self._observer.seen(self._last_check or 0.0, verdict, self._killed)
+
+    @property
+    def observe(self) -> bool:
+        """Whether this guard only observes (its `observe` argument)."""
+        return self._observer is not None
+
+    def would_stops(self, ended: Optional[float] = None,
+                    killed_at: Optional[float] = None) -> list[Judged]:
+        """Observe mode: each would-be stop so far, judged (wouldstop.judge) from the OOM
+        kills counted on the path, `ended` (when the job ended, on time.monotonic()'s clock;
+        None: it runs on) and `killed_at` (when the job itself was OOM-killed, which only
+        whoever waited for it knows: `cgwatch run`). [] for a guard that acts."""
+        if self._observer is None:
+            return []
+        return self._observer.judged(ended, killed_at)
 
     def _agree(self, group: Ranks, verdict: Verdict, step: Optional[int]) -> Verdict:
         try:
@@ -332,7 +363,10 @@ class Guard:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Detach from the events (closing them if the guard made them)."""
+        """Detach from the events (closing them if the guard made them). In observe mode,
+        one INFO record: the would-be stops, judged with the job ended now."""
+        if self._observer is not None:
+            log.info("%s", summary_line(self.would_stops(ended=_monotonic())))
         events = self._events
         if events is not None:
             events.unsubscribe(self._on_event)
@@ -448,6 +482,8 @@ class Guard:
     def _announce(self, verdict: Verdict) -> None:
         if verdict.stop:
             line = verdict.message()
+            if self._observer is not None:
+                line = would_stop_line(line)
             log.warning("%s", line)
             if reaches_last_resort(log, logging.WARNING):
                 self._on_stderr = line  # written to stderr as it is: exit() need not again

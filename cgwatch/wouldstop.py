@@ -22,13 +22,12 @@ judged by what came after its start (`judge`):
 from __future__ import annotations
 
 from .frozen import Frozen, fill, replace
+from .policy import OK, Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Optional
-
-    from .policy import Verdict
 
 FALSE = "false"
 NEEDED = "needed"
@@ -142,3 +141,52 @@ class Episodes:
                 self.stops[-1] = replace(current, cleared=now)
             self.current = None
         return False
+
+
+class Observer:
+    """Observe mode for one guard (`Guard(observe=True)`): fed each check's time, verdict and
+    the OOM kills counted so far (`seen`), it keeps the would-be stops (`episodes`) and when
+    kills were first counted (`kills`, the first `kept`), and answers the verdict the job is
+    given: the same, or *go on* in place of a stop (its lead, kills and step kept)."""
+
+    def __init__(self, kept: int = 1000) -> None:
+        self.kept = kept
+        self.episodes = Episodes(kept)
+        self.kills: list[float] = []
+        self.last: Optional[float] = None  # the time of the last check seen
+        self._killed = 0
+        self._source: Optional[Verdict] = None  # the last stop masked, and its mask
+        self._masked: Optional[Verdict] = None
+
+    def seen(self, now: float, verdict: Verdict, killed: int) -> Verdict:
+        """One check: its time, the guard's verdict, the OOM kills counted; the verdict to
+        give the job (never a stop)."""
+        if killed > self._killed:
+            self._killed = killed
+            if len(self.kills) < self.kept:
+                self.kills.append(now)
+        self.last = now
+        self.episodes.add(now, verdict)
+        if not verdict.stop:
+            return verdict
+        if verdict is not self._source:  # a stop stands for many checks: one mask for it
+            self._source = verdict
+            self._masked = Verdict(False, OK, lead=verdict.lead, killed=verdict.killed,
+                                    step=verdict.step)
+        assert self._masked is not None
+        return self._masked
+
+    def judged(self, ended: Optional[float] = None,
+               killed_at: Optional[float] = None) -> list[Judged]:
+        """Each would-be stop judged (`judge`): `ended` when the job ended (None: it runs
+        on), `killed_at` when it was itself OOM-killed (its own kill, which the guard
+        cannot count: the job's process is gone)."""
+        kills = [*self.kills, *([killed_at] if killed_at is not None else [])]
+        now = ended if ended is not None else (self.last if self.last is not None else 0.0)
+        return judge_all(self.episodes.stops, kills, ended, now)
+
+
+def would_stop_line(message: str) -> str:
+    """A stop's line (`Verdict.message()`) as observe mode logs it: nothing is done."""
+    return message.replace("cgwatch guard: save and stop",
+                           "cgwatch guard (observe): would save and stop", 1)
