@@ -118,6 +118,7 @@ LAYER = {
     "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
+    "cgwatch.cli.observed": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.serve": "commands",

@@ -223,6 +223,13 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
                           "after a save, the newest entry of DIR is named")
+    run.add_argument("--observe", action="store_true", default=None,
+                     help="--guard: decide, but send nothing: each would-be stop is a line "
+                          "when it comes, and is judged by what followed once CMD ended "
+                          "(false, or needed and with what lead)")
+    run.add_argument("--record", default=None, metavar="FILE",
+                     help="--guard: write every input of the guard's decision to FILE, for "
+                          "`cgwatch replay FILE`")
     run.add_argument("--restarts", type=_count, default=None, metavar="N",
                      help="--guard: start CMD again after a save, up to N times (below)")
     run.add_argument("--restart-delay", type=_checkpoint_seconds, default=None,
