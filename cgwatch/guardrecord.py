@@ -11,7 +11,7 @@ One JSON value a line (UTF-8, "\\n"):
 - a check, an array [dt, da] or [dt, da, {...}]: the microseconds since the previous check
   (the first: since start_us) and the bytes `available_memory()` moved since it (null: the
   read failed), then only what changed or happened: "k" the OOM kills counted, "s" the step
-  (when not the previous plus one), "l" the levels read at a sample (each [cgroup_path,
+  (given to a sample: the decision takes it there only), "l" the levels read at a sample (each [cgroup_path,
   limit, headroom, working_set, high, pressure_total, high_rises]; the path as its index
   once it was given, the last three left out when none, none, 0), "f" 1 when the sample
   failed, "v" the live verdict (its fields) when it changed (stop, trigger or level);
@@ -158,7 +158,6 @@ class RecordEncoder:
         self._us = start_us
         self._available = 0
         self._killed = 0
-        self._step: Optional[int] = None
         self._paths: dict[str, int] = {}
 
     def check(self, us: int, available: Optional[int], killed: int, step: Optional[int],
@@ -173,9 +172,8 @@ class RecordEncoder:
         extra: dict[str, Any] = {}
         if killed != self._killed:
             extra["k"] = self._killed = killed
-        if step != (None if self._step is None else self._step + 1):
+        if step is not None:
             extra["s"] = step
-        self._step = step
         if levels is not None:
             extra["l"] = [self._level(lvl) for lvl in levels]
         if failed:
@@ -207,7 +205,6 @@ def parse_record(lines: Iterable[str]) -> Record:
     header: Optional[dict[str, Any]] = None
     entries: list[Union[Check, Note]] = []
     us = available = killed = 0
-    step: Optional[int] = None
     pending: Optional[tuple[int, str]] = None  # a line that did not parse: fine if the last
     paths: list[str] = []  # the levels' paths in the order first seen
     for number, line in enumerate(lines, 1):
@@ -235,7 +232,7 @@ def parse_record(lines: Iterable[str]) -> Record:
                 available += int(value[1])
                 now_available = available
             killed = int(extra.get("k", killed))
-            step = extra["s"] if "s" in extra else (None if step is None else step + 1)
+            step = extra.get("s")
             levels = [_level(lvl, paths) for lvl in extra["l"]] if "l" in extra else None
             entries.append(Check(us, now_available, killed, step, levels,
                                  bool(extra.get("f")), extra.get("v")))

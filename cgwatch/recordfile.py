@@ -1,5 +1,5 @@
 """Internal. Writes a guard's record (the format: guardrecord.py) to a file, for `cgwatch
-replay`. Buffered: a check between samples is one encode and one write into the file
+replay`: `RecordedDecision` is the guard's decision writing each call it is given. Buffered: a check between samples is one encode and one write into the file
 object's buffer (no system call); the buffer goes to the file at each sample (`flush`),
 so a job the OOM killer ends leaves its record up to its last sample, ~0.5 s before. Bounded:
 past `max_bytes` one line says the record was cut there and nothing more is written (the
@@ -14,11 +14,15 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from .guardrecord import RecordEncoder, header_line, note_line
+from .decision import Decision
+from .guardrecord import RecordEncoder, clock_us, header_line, note_line
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import TextIO
+
+    from .decision import LevelSample
+    from .policy import Verdict
 
 log = logging.getLogger("cgwatch")
 
@@ -110,3 +114,70 @@ class RecordFile:
                 file.close()
             except OSError:
                 pass
+
+
+def recorded_decision(path: str, options: dict[str, Any], observe: bool,
+                      max_bytes: int = DEFAULT_MAX_BYTES, **extra: Any) -> Decision:
+    """A `Decision` with `options` that writes every call it is given to a record at
+    `path` (`RecordedDecision`), its header saying `observe` and `extra`."""
+    start = clock()
+    return RecordedDecision(RecordFile(path, options, start, observe, max_bytes, **extra),
+                            **options)
+
+
+class RecordedDecision(Decision):
+    """The guard's decision, each call written to a record as it is made (guardrecord.py):
+    `cgwatch replay` makes the same calls in the same order, and a Decision is pure, so it
+    answers the same. The times it is given are rounded to the microsecond first (what the
+    record holds, guardrecord.clock_us: < 1 us from the live clock); what the decision
+    needs of a check is only what it is given here, so nothing else need be recorded."""
+
+    def __init__(self, record: RecordFile, **options: Any) -> None:
+        super().__init__(**options)
+        self.record = record
+        self._due: Optional[tuple[int, Optional[int], int]] = None  # the last due()'s call
+
+    def due(self, now: float, available: Optional[int], killed: int) -> bool:
+        us = round(now * 1e6)
+        answer = super().due(clock_us(us), available, killed)
+        if answer:
+            self._due = (us, available, killed)  # written with the sample, or its failure
+        else:
+            self._due = None
+            self.record.check(us, available, killed, None)
+        return answer
+
+    def sample(self, now: float, available: Optional[int], levels: Sequence[LevelSample],
+               killed: int, step: Optional[int] = None) -> Verdict:
+        us = round(now * 1e6)
+        previous = self.verdict
+        verdict = super().sample(clock_us(us), available, levels, killed, step)
+        self._due = None
+        self.record.check(us, available, killed, step,
+                          levels=[tuple(lvl.as_dict().values()) for lvl in levels],
+                          verdict=verdict.as_dict() if verdict.key() != previous.key()
+                          else None)
+        return verdict
+
+    def sampling_failed(self, now: float, killed: int) -> None:
+        us = round(now * 1e6)
+        super().sampling_failed(clock_us(us), killed)
+        due, self._due = self._due, None
+        # After a due() of this check that said sample: its figure, so the replay calls
+        # due() first; else the read of available_memory() itself failed (no due()).
+        # (The kills are due()'s then: the guard reads them again for this call, and a kill
+        # counted between the two reads of one failing check is the one thing not replayed.)
+        if due is not None and due[0] == us:
+            self.record.check(us, due[1], due[2], None, failed=True)
+        else:
+            self.record.check(us, None, killed, None, failed=True)
+
+    def saved(self, seconds: float) -> None:
+        super().saved(seconds)
+        self.record.note("saved", seconds)
+
+    def estimate_checkpoint(self, nbytes: int) -> bool:
+        taken = super().estimate_checkpoint(nbytes)
+        if taken:
+            self.record.note("estimate", nbytes)
+        return taken

@@ -30,17 +30,18 @@ V2 = ("/v2", 256 * MiB, 200 * MiB, 56 * MiB, 240 * MiB, 1500, 2)
 
 
 def test_a_short_run_line_by_line() -> None:
-    """Start at 5 s (5_000_000 us); checks every ~0.1 s, steps 7, 8, 9 then none; a sample
-    at the first and last check; a kill counted at the third."""
+    """Start at 5 s (5_000_000 us); checks every ~0.1 s; a sample at the first (step 7) and
+    the last (no step); a kill counted at the third; the read failed at the fourth. The
+    step is given at samples only: the decision takes it in sample() alone."""
     enc = RecordEncoder(5_000_000)
     lines = [
         header_line({"reserve": Threshold(fraction=0.05), "margin": 1.5}, 5_000_000, 1e9,
                     True, command=["python", "train.py"]),
         enc.check(5_100_000, 100 * MiB, 0, 7, levels=[JOB, V2],
                   verdict={"stop": False, "trigger": ""}),
-        enc.check(5_200_013, 100 * MiB - 4096, 0, 8),   # step 8 = 7 + 1: not written
+        enc.check(5_200_013, 100 * MiB - 4096, 0, None),
         note_line("saved", 2.5),
-        enc.check(5_300_000, 96 * MiB, 1, 9),            # a kill counted
+        enc.check(5_300_000, 96 * MiB, 1, None),          # a kill counted
         enc.check(5_400_000, None, 1, None, failed=True),  # the read failed; no step
         enc.check(5_500_000, 96 * MiB, 1, None, levels=[JOB_LATER]),
         note_line("end", 5_600_000, status=0, oom_killed=False),
@@ -57,7 +58,7 @@ def test_a_short_run_line_by_line() -> None:
         '[100013,-4096]\n',
         '{"saved":2.5}\n',
         '[99987,-4190208,{"k":1}]\n',        # 96 MiB - (100 MiB - 4096)
-        '[100000,null,{"s":null,"f":1}]\n',
+        '[100000,null,{"f":1}]\n',
         # 96 MiB again, against the last figure read (96 MiB: the failed read had none)
         '[100000,0,{"l":[[0,134217728,100663296,33554432]]}]\n',
         '{"end":5600000,"status":0,"oom_killed":false}\n',
@@ -67,9 +68,9 @@ def test_a_short_run_line_by_line() -> None:
     assert record.header["command"] == ["python", "train.py"]
     assert record.entries == [
         Check(5_100_000, 100 * MiB, 0, 7, [JOB, V2], verdict={"stop": False, "trigger": ""}),
-        Check(5_200_013, 100 * MiB - 4096, 0, 8),
+        Check(5_200_013, 100 * MiB - 4096, 0),
         Note("saved", 2.5),
-        Check(5_300_000, 96 * MiB, 1, 9),
+        Check(5_300_000, 96 * MiB, 1),
         Check(5_400_000, None, 1, None, failed=True),
         Check(5_500_000, 96 * MiB, 1, None, [JOB_LATER]),
         Note("end", 5_600_000, {"status": 0, "oom_killed": False}),
