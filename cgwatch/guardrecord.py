@@ -10,10 +10,11 @@ One JSON value a line (UTF-8, "\\n"):
   whatever else the writer adds ("command", "pid")};
 - a check, an array [dt, da] or [dt, da, {...}]: the microseconds since the previous check
   (the first: since start_us) and the bytes `available_memory()` moved since it (null: the
-  read failed), then only what changed or happened: "k" the OOM kills counted, "s" the step
-  (given to a sample: the decision takes it there only), "l" the levels read at a sample (each [cgroup_path,
-  limit, headroom, working_set, high, pressure_total, high_rises]; the path as its index
-  once it was given, the last three left out when none, none, 0), "f" 1 when the sample
+  read failed), then only what changed or happened: "k" the OOM kills counted, "s" the
+  step (given to a sample: the decision takes it there only), "l" the levels read at a
+  sample (each [cgroup_path, limit, headroom, working_set, high, pressure_total,
+  high_rises]; the path as its index once it was given, the last three left out when none,
+  none, 0), "f" 1 when the sample
   failed, "v" the live verdict (its fields) when it changed (stop, trigger or level);
 - between checks, objects: {"saved": seconds} (a save reported), {"estimate": bytes} (a
   checkpoint's size from an adapter), {"end": us, ...} (the job's end, and how: "status",

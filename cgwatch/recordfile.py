@@ -1,10 +1,11 @@
 """Internal. Writes a guard's record (the format: guardrecord.py) to a file, for `cgwatch
-replay`: `RecordedDecision` is the guard's decision writing each call it is given. Buffered: a check between samples is one encode and one write into the file
-object's buffer (no system call); the buffer goes to the file at each sample (`flush`),
-so a job the OOM killer ends leaves its record up to its last sample, ~0.5 s before. Bounded:
-past `max_bytes` one line says the record was cut there and nothing more is written (the
-replay says so). A write that fails (a full disk) is one warning and the end of the record:
-the guard's check never raises for it.
+replay`: `RecordedDecision` is the guard's decision writing each call it is given.
+Buffered: a check between samples is one encode and one write into the file object's
+buffer (no system call); the buffer goes to the file at each sample (`flush`), so a job the
+OOM killer ends leaves its record up to its last sample, ~0.5 s before. Bounded: past
+`max_bytes` one line says the record was cut there and nothing more is written (the replay
+says so). A write that fails (a full disk) is one warning and the end of the record: the
+guard's check never raises for it.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ LAYER = {
     "cgwatch.headroom": "pure rules",
     "cgwatch.envswitch": "pure rules",
     "cgwatch.slurm": "pure rules",
+    "cgwatch.decision": "pure rules",
     "cgwatch.forecast": "pure rules",
     "cgwatch.policy": "pure rules",
     "cgwatch.sampling": "pure rules",
@@ -61,6 +62,7 @@ LAYER = {
     "cgwatch.timeline": "pure rules",
     "cgwatch.wouldstop": "pure rules",
     "cgwatch.guardrecord": "pure rules",
+    "cgwatch.guardreplay": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
