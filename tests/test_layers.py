@@ -121,6 +121,7 @@ LAYER = {
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
     "cgwatch.cli.observed": "commands",
+    "cgwatch.cli.replay": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.serve": "commands",

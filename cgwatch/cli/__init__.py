@@ -70,6 +70,17 @@ def _checkpoint_seconds(text: str) -> float:
     return value
 
 
+def _margin(text: str) -> float:
+    """A number 1 or more (the guard's margin: the lead is a save's time times it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
+    return value
+
+
 def _count(text: str) -> int:
     """A whole number, 0 or more."""
     if not (text.strip().isascii() and text.strip().isdigit()):
@@ -255,7 +266,32 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                             "namespace (/proc/PID/root) when it has another, e.g. from a "
                             "sidecar; exits when it does, and exits 1 at start if its cgroup "
                             "cannot be found")
-    return {"": top, "watch": watch, "run": run, "serve": serve}
+    replay = subcommands.add_parser(
+        "replay", parents=[common], prog="cgwatch replay",
+        help="replay a guard's record: its live decisions, or where other options stop",
+        description=_paragraphs(
+            "Feed a guard's record (cgwatch run --guard --record FILE, or "
+            "cgwatch.Guard(record=FILE)) to the guard's decision again. With no option: "
+            "the live decisions, each checked (exit 1 if one differs). With options: where "
+            "a guard with them would have stopped the job, and each would-be stop judged "
+            "by what followed: false (the job went on), or needed (it was OOM-killed "
+            "while the stop stood or within its lead), with the lead it had."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_paragraphs(SIZES_HELP))
+    replay.add_argument("file", metavar="FILE", help="the record")
+    replay.add_argument("--reserve", type=_threshold, default=None, metavar="SIZE|PCT",
+                        help="replay with this reserve (as run --reserve)")
+    replay.add_argument("--checkpoint-seconds", type=_checkpoint_seconds, default=None,
+                        metavar="SECONDS", help="replay with this save time")
+    replay.add_argument("--margin", type=_margin, default=None, metavar="X",
+                        help="replay with this margin (the lead is a save's time x X)")
+    replay.add_argument("--rise-margin", type=_checkpoint_seconds, default=None, metavar="X",
+                        help="replay with this rise margin (0: no room for the largest rise)")
+    replay.add_argument("--json", action="store_true", help="the replay as one JSON object")
+    replay.add_argument("--plot", metavar="FILE",
+                        help="draw the replay to FILE (.png, .svg, .pdf): working set and "
+                             "limit, the would-be stops and their leads; needs cgwatch[plot]")
+    return {"": top, "watch": watch, "run": run, "serve": serve, "replay": replay}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -290,6 +326,10 @@ def _dispatch(argv: Optional[list[str]]) -> int:
         from . import run
 
         return run.run_command(args)
+    if name == "replay":
+        from . import replay
+
+        return replay.run_replay(args)
     if name == "serve":
         from . import serve
 

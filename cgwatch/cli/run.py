@@ -243,6 +243,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
         return command, f"{guard_options[0]} needs --guard"
     if getattr(args, "observe", None) and getattr(args, "restarts", None) is not None:
         return command, "--restarts with --observe: an observing guard never stops CMD"
+    if getattr(args, "record", None) and getattr(args, "restarts", None) is not None:
+        return command, "--record with --restarts: a record holds one guard's life"
     if getattr(args, "restart_delay", None) is not None and getattr(args, "restarts",
                                                                     None) is None:
         return command, "--restart-delay needs --restarts"

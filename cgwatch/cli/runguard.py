@@ -211,7 +211,10 @@ class GuardThread:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self.guard.close()
+        # CMD ended by SIGKILL: the OOM killer's signal, as the record's end says it (a
+        # `kill -9` reads the same there; run's own report tells them apart, cause.py)
+        proc = self.proc
+        self.guard.close(oom_killed=proc is not None and proc.returncode == -signal.SIGKILL)
 
     def environment(self) -> Optional[dict[str, str]]:
         """CMD's environment: ours, plus CGWATCH_CHECKPOINT_DIR when --checkpoint-dir gave
