@@ -7,7 +7,8 @@ One JSON value a line (UTF-8, "\\n"):
 - the header, an object: {"cgwatch_guard_record": VERSION, "options": the decision's
   options (a reserve as {"bytes": n} or {"fraction": f}), "start_us": the guard's clock at
   its start (integer microseconds), "start_wall": time.time() then, "observe": bool, and
-  whatever else the writer adds ("command", "pid")};
+  what the writer adds: "live" (written by a guard as it decided: every sample and every
+  change of its verdict is in it, so a replay can check them), "pid", "command";
 - a check, an array [dt, da] or [dt, da, {...}]: the microseconds since the previous check
   (the first: since start_us) and the bytes `available_memory()` moved since it (null: the
   read failed), then only what changed or happened: "k" the OOM kills counted, "s" the

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
 
 class Replayed(Frozen):
-    """What a replay found. `exact`: run with the recorded options (then `mismatches` lists
-    each check where it did not answer as live, expected empty). `changes`: (time, verdict)
+    """What a replay found. `exact`: a live guard's record run with its own options (then
+    `mismatches` lists each check where it did not answer as live, expected empty). `changes`: (time, verdict)
     at each change of the decision; `judged`: the would-be stops, judged (wouldstop.py);
     `series`: per level, [(time, working set, limit, headroom)] at each sample; `start`,
     `end`: the record's first and last time (s); `ended`: when the job ended, if the record
@@ -69,7 +69,10 @@ def replay(record: Record, overrides: Optional[dict[str, Any]] = None,
     (module docstring)."""
     overrides = overrides or {}
     options = {**record.options, **overrides}
-    exact = all(record.options.get(k) == v for k, v in overrides.items())
+    # Checked against the live decisions: a live guard's record (not one made by hand, in
+    # which a sample or a verdict may be left out) replayed with its own options.
+    exact = bool(record.header.get("live")) and all(
+        record.options.get(k) == v for k, v in overrides.items())
     decision = Decision(**options)
     observer = Observer()
     start = clock_us(int(record.header.get("start_us", 0)))

@@ -51,8 +51,8 @@ class RecordFile:
         self._encoder = RecordEncoder(start_us)
         self.written = 0
         self.cut = False
-        self._write(header_line(options, start_us, time.time(), observe, pid=os.getpid(),
-                                **extra))
+        self._write(header_line(options, start_us, time.time(), observe, live=True,
+                                pid=os.getpid(), **extra))
         self.flush()
 
     def check(self, us: int, available: Optional[int], killed: int, step: Optional[int],
