@@ -26,11 +26,12 @@ if TYPE_CHECKING:
 
 class Replayed(Frozen):
     """What a replay found. `exact`: a live guard's record run with its own options (then
-    `mismatches` lists each check where it did not answer as live, expected empty). `changes`: (time, verdict)
-    at each change of the decision; `judged`: the would-be stops, judged (wouldstop.py);
-    `series`: per level, [(time, working set, limit, headroom)] at each sample; `start`,
-    `end`: the record's first and last time (s); `ended`: when the job ended, if the record
-    says (`oom_killed` then how); `cut`: the record was cut at its size cap."""
+    `mismatches` lists each check where it did not answer as live, expected empty).
+    `changes`: (time, verdict) at each change of the decision; `judged`: the would-be
+    stops, judged (wouldstop.py); `series`: per level, [(time, working set, limit,
+    headroom)] at each sample; `start`, `end`: the record's first and last time (s);
+    `ended`: when the job ended, if the record says (`oom_killed` then how); `cut`: the
+    record was cut at its size cap."""
 
     __slots__ = _fields = ("options", "exact", "checks", "samples", "mismatches", "changes",
                            "judged", "series", "start", "end", "ended", "oom_killed", "cut")
