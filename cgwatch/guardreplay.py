@@ -31,10 +31,12 @@ class Replayed(Frozen):
     stops, judged (wouldstop.py); `series`: per level, [(time, working set, limit,
     headroom)] at each sample; `start`, `end`: the record's first and last time (s);
     `ended`: when the job ended, if the record says (`oom_killed` then how); `cut`: the
-    record was cut at its size cap."""
+    record was cut at its size cap; `live`: (time, fields) of each change of the live
+    verdict written in the record."""
 
     __slots__ = _fields = ("options", "exact", "checks", "samples", "mismatches", "changes",
-                           "judged", "series", "start", "end", "ended", "oom_killed", "cut")
+                           "judged", "series", "start", "end", "ended", "oom_killed", "cut",
+                           "live")
     options: dict[str, Any]
     exact: bool
     checks: int
@@ -48,6 +50,7 @@ class Replayed(Frozen):
     ended: Optional[float]
     oom_killed: bool
     cut: bool
+    live: list[tuple[float, dict[str, Any]]]  # the live verdict's changes the record holds
 
     def __init__(self, options: dict[str, Any], exact: bool, checks: int, samples: int,
                  mismatches: list[str], changes: list[tuple[float, Verdict]],
@@ -55,7 +58,7 @@ class Replayed(Frozen):
                  series: dict[str, list[tuple[float, Optional[int], Optional[int],
                                               Optional[int]]]],
                  start: float, end: float, ended: Optional[float], oom_killed: bool,
-                 cut: bool) -> None:
+                 cut: bool, live: list[tuple[float, dict[str, Any]]]) -> None:
         fill(self, locals())
 
     @property
@@ -80,6 +83,7 @@ def replay(record: Record, overrides: Optional[dict[str, Any]] = None,
     mismatches: list[str] = []
     changes: list[tuple[float, Verdict]] = []
     series: dict[str, list[tuple[float, Optional[int], Optional[int], Optional[int]]]] = {}
+    live: list[tuple[float, dict[str, Any]]] = []
     checks = samples = 0
     ended: Optional[float] = None
     oom_killed = cut = False
@@ -105,6 +109,8 @@ def replay(record: Record, overrides: Optional[dict[str, Any]] = None,
         checks += 1
         now = entry.now
         verdict = _check(decision, entry, exact, differs)
+        if entry.verdict is not None:
+            live.append((now, entry.verdict))
         if entry.levels is not None:
             samples += 1
             for lvl in entry.levels:
@@ -121,7 +127,7 @@ def replay(record: Record, overrides: Optional[dict[str, Any]] = None,
         observer.seen(now, verdict, entry.killed)
     judged = observer.judged(ended, killed_at=ended if oom_killed else None)
     return Replayed(options, exact, checks, samples, mismatches, changes, judged, series,
-                    start, now, ended, oom_killed, cut)
+                    start, now, ended, oom_killed, cut, live)
 
 
 def _check(decision: Decision, entry: Check, exact: bool,

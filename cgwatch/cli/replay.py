@@ -3,8 +3,9 @@
 fed to the decision again (guardreplay.py). With no option: the live decisions, each checked
 (exit 1 if one differs). With options: where a guard with them would have stopped the job,
 and how each of its would-be stops is judged by what the record says followed (wouldstop.py).
-`--plot`: the tightest levels' working set against their limits, the would-be stops and the
-lead each kept (shaded), drawn by plot.py's `write_plot`.
+`--plot`: the levels' working set against their limits, the would-be stops and the lead
+each kept (shaded), with other options also where the recorded guard stopped, drawn by
+plot.py's `write_plot`.
 """
 
 from __future__ import annotations
@@ -143,10 +144,16 @@ def plot_data(replayed: Replayed) -> dict[str, Any]:
     for j in replayed.judged:
         at = j.stop.at - start
         marks.append({"time": at, "kind": "guard", "cgroup_path": j.stop.level or None,
-                      "label": f"would stop: {j.stop.trigger} ({j.judged}"
-                               + (f", {j.lead_had:.1f} s to the kill" if j.lead_had is not
-                                  None else "") + f"; lead {j.stop.lead:.1f} s)"})
+                      "label": f"would stop ({j.judged}"
+                               + (f", {j.lead_had:.1f} s before the kill" if j.lead_had
+                                  is not None else "") + ")"})
         spans.append((at, at + j.stop.lead))
+    stopped = False
+    for t, v in replayed.live if not replayed.exact else []:
+        if v.get("stop") and not stopped:  # where the guard as recorded stopped, to compare
+            marks.append({"time": t - start, "kind": "forecast", "cgroup_path": None,
+                          "label": f"recorded guard: {v.get('trigger')}"})
+        stopped = bool(v.get("stop"))
     if replayed.ended is not None:
         marks.append({"time": replayed.ended - start, "kind": "exit", "cgroup_path": None,
                       "label": "killed by SIGKILL" if replayed.oom_killed else "end"})
