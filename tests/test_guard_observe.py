@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,38 +15,25 @@ from cgwatch.wouldstop import FALSE, OPEN
 from tests.fake_tree import FakeHost, GiB, MiB
 
 
-@pytest.fixture
-def host(tmp_path: object) -> FakeHost:
-    host = FakeHost(str(tmp_path), 2, cgroup_path="/job")
-    host.make_path({"/job": 4 * GiB})
-    return host
-
-
-@pytest.fixture
-def monitor(host: FakeHost) -> Iterator[Monitor]:
-    with Monitor(host.root, thread=False) as m:
-        yield m
-
-
-def run_through_a_peak(host: FakeHost, guard: Guard) -> list[Verdict]:
+def run_through_a_peak(job_host: FakeHost, guard: Guard) -> list[Verdict]:
     """100 checks with room, 100 at 102 MiB of headroom (under 5 % of 4 GiB = 204.8 MiB),
     100 with room again (as tests/test_guard_fake.py's reserve test)."""
     out = [guard.check(step) for step in range(100)]
-    host.set_usage("/job", 4 * GiB - 102 * MiB, 0)
+    job_host.set_usage("/job", 4 * GiB - 102 * MiB, 0)
     out += [guard.check(step) for step in range(100, 200)]
-    host.set_usage("/job", 1 * GiB, 0)
+    job_host.set_usage("/job", 1 * GiB, 0)
     out += [guard.check(step) for step in range(200, 300)]
     return out
 
 
 def test_observe_decides_the_same_and_says_go_on(
-        host: FakeHost, monitor: Monitor, caplog: pytest.LogCaptureFixture) -> None:
+        job_host: FakeHost, job_monitor: Monitor, caplog: pytest.LogCaptureFixture) -> None:
     seen: list[Verdict] = []
     with caplog.at_level(logging.INFO, logger="cgwatch"), \
-            Guard(monitor, reserve="5%", rise_margin=0, interval=0.0, events=False,
+            Guard(job_monitor, reserve="5%", rise_margin=0, interval=0.0, events=False,
                   observe=True) as guard:
         guard.subscribe(seen.append)
-        answered = run_through_a_peak(host, guard)
+        answered = run_through_a_peak(job_host, guard)
         assert guard.observe
         stops = guard.would_stops()
         assert not any(v.stop for v in answered)
@@ -71,22 +57,22 @@ def test_observe_decides_the_same_and_says_go_on(
                          "0 open"), lines
 
 
-def test_an_acting_guard_has_no_would_be_stops(host: FakeHost, monitor: Monitor) -> None:
-    with Guard(monitor, reserve="5%", rise_margin=0, interval=0.0, events=False) as guard:
-        answered = run_through_a_peak(host, guard)
+def test_an_acting_guard_has_no_would_be_stops(job_host: FakeHost, job_monitor: Monitor) -> None:
+    with Guard(job_monitor, reserve="5%", rise_margin=0, interval=0.0, events=False) as guard:
+        answered = run_through_a_peak(job_host, guard)
         assert not guard.observe and guard.would_stops() == []
     assert sum(v.stop for v in answered) == 100
 
 
-def test_the_counts_on_prometheus(host: FakeHost, monitor: Monitor) -> None:
+def test_the_counts_on_prometheus(job_host: FakeHost, job_monitor: Monitor) -> None:
     """GuardCollector in the guard's process: right after the peak its stop is open (it
     cleared less than its lead, ~60 s for a 3.9 GiB working set at 100 MiB/s x 1.5, ago)."""
     prometheus_client = pytest.importorskip("prometheus_client")
     from cgwatch.prometheus import GuardCollector
 
-    with Guard(monitor, reserve="5%", rise_margin=0, interval=0.0, events=False,
+    with Guard(job_monitor, reserve="5%", rise_margin=0, interval=0.0, events=False,
                observe=True) as guard:
-        run_through_a_peak(host, guard)
+        run_through_a_peak(job_host, guard)
         registry = prometheus_client.CollectorRegistry()
         registry.register(GuardCollector(guard))
         text = prometheus_client.generate_latest(registry).decode()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional
 
 import pytest
@@ -136,35 +135,22 @@ def test_not_a_record(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> N
 # ---- a live Guard's record replays to its own decisions -----------------------------------
 
 
-@pytest.fixture
-def host(tmp_path: object) -> FakeHost:
-    host = FakeHost(str(tmp_path), 2, cgroup_path="/job")
-    host.make_path({"/job": 4 * GiB})
-    return host
-
-
-@pytest.fixture
-def monitor(host: FakeHost) -> Iterator[Monitor]:
-    with Monitor(host.root, thread=False) as m:
-        yield m
-
-
-def test_a_guard_s_record_replays_to_its_live_decisions(host: FakeHost, monitor: Monitor,
+def test_a_guard_s_record_replays_to_its_live_decisions(job_host: FakeHost, job_monitor: Monitor,
                                                          tmp_path: object) -> None:
     """A climb to 102 MiB of headroom (a reserve stop), freed, climbed again, with saves
     and an estimate reported between: every change of the live verdict comes back, equal
     in every field, at the same check."""
     path = os.path.join(str(tmp_path), "guard.rec")
     live = []
-    with Guard(monitor, reserve="5%", interval=0.05, events=False, record=path) as guard:
+    with Guard(job_monitor, reserve="5%", interval=0.05, events=False, record=path) as guard:
         guard.subscribe(lambda v: live.append(v))
         guard.estimate_checkpoint(200 * MiB)
         for round_ in range(2):
             for step in range(60):
-                host.set_usage("/job", 1 * GiB + step * 50 * MiB, 0)
+                job_host.set_usage("/job", 1 * GiB + step * 50 * MiB, 0)
                 guard.check(step)
             guard.saved(0.25 * (round_ + 1))
-            host.set_usage("/job", 1 * GiB, 0)
+            job_host.set_usage("/job", 1 * GiB, 0)
             for step in range(60, 80):
                 guard.check(step)
     with open(path) as f:

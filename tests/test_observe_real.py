@@ -26,11 +26,9 @@ from typing import Any
 import pytest
 
 from tests.cgroup_helpers import MiB, Tree, cgroup_tree, oom_kills, real_kernel_marks
-from tests.test_cli_guard_real import FAST_START_THEN_SPIKES
+from tests.test_cli_guard_real import CHILD, FAST_START_THEN_SPIKES
 
 pytestmark = real_kernel_marks()
-
-CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "leak_child.py")
 
 
 @pytest.fixture

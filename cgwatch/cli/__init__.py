@@ -59,26 +59,25 @@ def _signal(text: str) -> int:
                                          "or SIGTERM)") from None
 
 
-def _checkpoint_seconds(text: str) -> float:
-    """0 or more seconds (0: a save takes no time; the forecast then never fires)."""
+def _at_least(text: str, least: float, what: str, unit: str) -> float:
+    """A finite number, `least` or more; the errors call it `what` and its `unit`."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not math.isfinite(value) or value < least:
+        raise argparse.ArgumentTypeError(f"must be {least:g} or more{unit}: {text!r}")
     return value
+
+
+def _checkpoint_seconds(text: str) -> float:
+    """0 or more seconds (0: a save takes no time; the forecast then never fires)."""
+    return _at_least(text, 0, "a number of seconds", " seconds")
 
 
 def _margin(text: str) -> float:
     """A number 1 or more (the guard's margin: the lead is a save's time times it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {text!r}")
-    return value
+    return _at_least(text, 1, "a number", "")
 
 
 def _count(text: str) -> int:
