@@ -18,7 +18,8 @@ One JSON value a line (UTF-8, "\\n"):
   none, 0), "f" 1 when the sample
   failed, "v" the live verdict (its fields) when it changed (stop, trigger or level);
 - between checks, objects: {"saved": seconds} (a save reported), {"estimate": bytes} (a
-  checkpoint's size from an adapter), {"end": us, ...} (the job's end, and how: "status",
+  checkpoint's size from an adapter), {"state": {...}} (a previous life's state_dict()
+  loaded), {"end": us, ...} (the job's end, and how: "status",
   "oom_killed"), {"cut": us, "bytes": n} (the size cap was reached: nothing after it).
 
 Why integer microseconds: the guard's clock, when it records, is `monotonic_ns() // 1000`
@@ -92,7 +93,7 @@ class Note(Frozen):
         fill(self, locals())
 
 
-NOTES = ("saved", "estimate", "end", "cut")
+NOTES = ("saved", "estimate", "state", "end", "cut")
 
 
 class Record(Frozen):

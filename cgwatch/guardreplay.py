@@ -100,6 +100,8 @@ def replay(record: Record, overrides: Optional[dict[str, Any]] = None,
                 decision.saved(float(entry.value))
             elif entry.kind == "estimate":
                 decision.estimate_checkpoint(int(entry.value))
+            elif entry.kind == "state":
+                decision.load_state_dict(entry.value)
             elif entry.kind == "end":
                 ended = clock_us(int(entry.value))
                 oom_killed = bool(entry.extra.get("oom_killed"))

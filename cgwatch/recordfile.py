@@ -19,7 +19,7 @@ from .decision import Decision
 from .guardrecord import RecordEncoder, clock_us, header_line, note_line
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
     from typing import TextIO
 
     from .decision import LevelSample
@@ -137,6 +137,7 @@ class RecordedDecision(Decision):
         super().__init__(**options)
         self.record = record
         self._due: Optional[tuple[int, Optional[int], int]] = None  # the last due()'s call
+        self._loading = False  # in load_state_dict(): its saves are in its own line
 
     def due(self, now: float, available: Optional[int], killed: int) -> bool:
         us = round(now * 1e6)
@@ -175,10 +176,22 @@ class RecordedDecision(Decision):
 
     def saved(self, seconds: float) -> None:
         super().saved(seconds)
-        self.record.note("saved", seconds)
+        if not self._loading:
+            self.record.note("saved", seconds)
 
     def estimate_checkpoint(self, nbytes: int) -> bool:
         taken = super().estimate_checkpoint(nbytes)
-        if taken:
+        if taken and not self._loading:
             self.record.note("estimate", nbytes)
         return taken
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        # Written as given: its saves and estimate come back through saved() and
+        # estimate_checkpoint() above too, but the replay loads the whole state, as live.
+        self.record.note("state", dict(state))
+        self._loading = True
+        try:
+            super().load_state_dict(state)
+        finally:
+            self._loading = False
+

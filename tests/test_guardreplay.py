@@ -137,13 +137,14 @@ def test_not_a_record(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> N
 
 def test_a_guard_s_record_replays_to_its_live_decisions(job_host: FakeHost, job_monitor: Monitor,
                                                          tmp_path: object) -> None:
-    """A climb to 102 MiB of headroom (a reserve stop), freed, climbed again, with saves
-    and an estimate reported between: every change of the live verdict comes back, equal
-    in every field, at the same check."""
+    """A climb to 102 MiB of headroom (a reserve stop), freed, climbed again, with a
+    previous life's state loaded, saves and an estimate reported between: every change of
+    the live verdict comes back, equal in every field, at the same check."""
     path = os.path.join(str(tmp_path), "guard.rec")
     live = []
     with Guard(job_monitor, reserve="5%", interval=0.05, events=False, record=path) as guard:
         guard.subscribe(lambda v: live.append(v))
+        guard.load_state_dict({"version": 1, "saves": [0.75]})  # a previous life's
         guard.estimate_checkpoint(200 * MiB)
         for round_ in range(2):
             for step in range(60):
