@@ -136,7 +136,9 @@ class Decision:
         self._high_seen: dict[str, int] = {}  # path -> `high` rises at the last sample
         self._plan = sampling.FIRST  # when the next sample comes (sampling.py)
         self._samples = 0  # samples taken: the next one's phase
-        self._verdict = Verdict(False, policy.OK, lead=self.lead)
+        # The last sample's verdict: read it, never set it (an attribute, not a property: a
+        # check between samples answers it, and a property's call is ~50 ns of its ~1 us).
+        self.verdict = Verdict(False, policy.OK, lead=self.lead)
 
     # ---- a check ------------------------------------------------------------------------
 
@@ -144,12 +146,15 @@ class Decision:
         """One check at `now` that read `available` (None: unread) with `killed` OOM kills
         counted: notes the gap since the last check, feeds the largest rise; True when this
         check samples (read the levels, then `sample()`)."""
-        self._note(now)
+        last = self._last_check  # self._note(now), inlined: this runs at every check
+        if last is not None and now - last > self._gap_now:
+            self._gap_now = now - last
+        self._last_check = now
         if available is None:
             return killed != self._plan.killed or now >= self._plan.due
         self._rise.update(available, self._bound, now)
         return sampling.due(self._plan, now, available, near_interval=self.near_interval,
-                            stopped=self._verdict.stop, killed=killed)
+                            stopped=self.verdict.stop, killed=killed)
 
     def sampling_failed(self, now: float, killed: int) -> None:
         """The check at `now` could not read what it needed: the last verdict stands and the
@@ -175,12 +180,13 @@ class Decision:
             self._rise.update(available, self._bound, now)
         self._gaps.append(self._gap_now)
         self._gap_now = 0.0
-        lead = self.lead
+        save, gap = self.checkpoint_seconds, self.check_gap
+        lead = save * self.margin + gap  # self.lead, its parts kept for the message
         reserve, share = self.reserve.bytes or 0, self.reserve.fraction
         rise = int(self._rise.room(available) * self.rise_margin)
         verdict = policy.decide(readings, reserve=reserve, share=share, lead=lead,
                                 throttle_seconds=self.throttle_seconds, killed=killed,
-                                step=step, rise=rise)
+                                step=step, rise=rise, lead_from=(save, self.margin, gap))
         floors = [policy.floor(r.limit, reserve, share, rise)
                   for r in readings if r.limit is not None]
         self._plan = sampling.plan(
@@ -188,7 +194,7 @@ class Decision:
             growth=max([r.trend.growth for r in readings], default=0.0), lead=lead,
             available=available, stopped=verdict.stop, killed=killed)
         self._samples += 1
-        self._verdict = verdict
+        self.verdict = verdict
         return verdict
 
     def _note(self, now: float) -> None:
@@ -236,11 +242,6 @@ class Decision:
         return policy.stall_share(before, reading)
 
     # ---- what it stands on ------------------------------------------------------------------
-
-    @property
-    def verdict(self) -> Verdict:
-        """The last sample's verdict."""
-        return self._verdict
 
     def saved(self, seconds: float) -> None:
         """A save that took `seconds` (negative: ignored)."""

@@ -117,6 +117,14 @@ class RecordFile:
                 pass
 
 
+def end_record(decision: Decision, now: float, oom_killed: bool) -> None:
+    """The job ended at `now` (`oom_killed`: by the OOM killer): a recording decision's last
+    line, and its file closed; nothing for a decision that does not record."""
+    if isinstance(decision, RecordedDecision):
+        decision.record.note("end", round(now * 1e6), oom_killed=oom_killed)
+        decision.record.close()
+
+
 def recorded_decision(path: str, options: dict[str, Any], observe: bool,
                       max_bytes: int = DEFAULT_MAX_BYTES, **extra: Any) -> Decision:
     """A `Decision` with `options` that writes every call it is given to a record at

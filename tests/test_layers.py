@@ -124,6 +124,7 @@ LAYER = {
     "cgwatch.cli.replay": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
+    "cgwatch.cli.runverbose": "commands",
     "cgwatch.cli.serve": "commands",
     "cgwatch.cli.show": "commands",
     "cgwatch.cli.watch": "commands",
