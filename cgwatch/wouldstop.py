@@ -97,6 +97,13 @@ def counts(judged: Sequence[Judged]) -> dict[str, int]:
     return out
 
 
+def describe(judged: Judged) -> str:
+    """A judgement in a few words: "false", "open", "needed, 3.2 s before the kill"."""
+    if judged.lead_had is None:
+        return judged.judged
+    return f"{judged.judged}, {judged.lead_had:.1f} s before the kill"
+
+
 def summary_line(judged: Sequence[Judged]) -> str:
     """One line for a report: the counts, and the least lead a needed stop had."""
     n = counts(judged)

@@ -81,8 +81,12 @@ def test_a_leak_under_observe_is_killed_and_its_stop_judged_needed(
     assert first["trigger"] in ("forecast", "reserve"), first
     assert first["lead_had"] is not None and first["lead_had"] > 1.0, first
     assert report["exit_status"] == 137 and report["guard"] is None
-    assert [m["label"] for m in report["timeline"]["marks"] if m["kind"] == "guard"] == [
-        f"would stop: {s['trigger']}" for s in stops]  # --plot draws these
+    # --plot draws these, each judged
+    labels = [m["label"] for m in report["timeline"]["marks"] if m["kind"] == "guard"]
+    assert len(labels) == len(stops), labels
+    for label, stop in zip(labels, stops):
+        assert label.startswith(f"would stop: {stop['trigger']} (needed, "), label
+        assert label.endswith(" s before the kill)"), label
     again = replayed(record)
     assert again["oom_killed"] is True
     assert [(s["trigger"], s["judged"]) for s in again["would_stops"]["stops"]] == [

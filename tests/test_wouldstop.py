@@ -16,6 +16,7 @@ from cgwatch.wouldstop import (
     Episodes,
     WouldStop,
     counts,
+    describe,
     judge,
     summary_line,
 )
@@ -111,3 +112,4 @@ def test_counts_and_summary() -> None:
     assert summary_line(judged) == ("cgwatch guard (observe): 3 would-be stop(s): 1 false, "
                                     "1 needed, 1 open; the needed had 5.0 s before the kill")
     assert summary_line([]) == "cgwatch guard (observe): no would-be stop"
+    assert [describe(j) for j in judged] == ["false", "needed, 5.0 s before the kill", "open"]

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..wouldstop import Judged, counts, summary_line
+from ..wouldstop import Judged, counts, describe, summary_line
 from .explain import signal_name
 
 if TYPE_CHECKING:
@@ -71,6 +71,11 @@ class ObservedRun:
         signalled."""
         judged = self.guard.would_stops(ended=ended_at,
                                         killed_at=ended_at if oom_killed else None)
+        if self.recorder is not None:  # the picture's marks, made as each came, judged now
+            marks = [m for m in self.recorder.timeline.marks
+                     if m["kind"] == "guard" and m["label"].startswith("would stop")]
+            for mark, j in zip(marks, judged):
+                mark["label"] += f" ({describe(j)})"
         line = summary_line(judged).replace("cgwatch guard (observe): ",
                                             f"cgwatch guard (observe): {name}: ", 1)
         return {"line": line, "seconds": None, "saved": False, "checkpoint": None,

@@ -19,7 +19,7 @@ from ..alerts import Threshold
 from ..guardrecord import parse_record
 from ..guardreplay import Replayed, replay
 from ..policy import Verdict
-from ..wouldstop import counts, summary_line
+from ..wouldstop import counts, describe, summary_line
 from .observed import stop_dict
 
 OVERRIDES = ("reserve", "checkpoint_seconds", "margin", "rise_margin")
@@ -144,9 +144,7 @@ def plot_data(replayed: Replayed) -> dict[str, Any]:
     for j in replayed.judged:
         at = j.stop.at - start
         marks.append({"time": at, "kind": "guard", "cgroup_path": j.stop.level or None,
-                      "label": f"would stop ({j.judged}"
-                               + (f", {j.lead_had:.1f} s before the kill" if j.lead_had
-                                  is not None else "") + ")"})
+                      "label": f"would stop ({describe(j)})"})
         spans.append((at, at + j.stop.lead))
     stopped = False
     for t, v in replayed.live if not replayed.exact else []:
