@@ -125,13 +125,23 @@ def end_record(decision: Decision, now: float, oom_killed: bool) -> None:
         decision.record.close()
 
 
+def record_path(path: str, environ: Mapping[str, str]) -> str:
+    """`path` with "{rank}" replaced by this process's rank (RANK, as torchrun and Slurm's
+    launchers set it, else LOCAL_RANK, as Lightning's own launcher does; else 0): one
+    record per rank, each of its own decision."""
+    if "{rank}" not in path:
+        return path
+    return path.replace("{rank}", environ.get("RANK") or environ.get("LOCAL_RANK") or "0")
+
+
 def recorded_decision(path: str, options: dict[str, Any], observe: bool,
                       max_bytes: int = DEFAULT_MAX_BYTES, **extra: Any) -> Decision:
     """A `Decision` with `options` that writes every call it is given to a record at
-    `path` (`RecordedDecision`), its header saying `observe` and `extra`."""
+    `path` ("{rank}" in it: this rank's, `record_path`) (`RecordedDecision`), its header
+    saying `observe` and `extra`."""
     start = clock()
-    return RecordedDecision(RecordFile(path, options, start, observe, max_bytes, **extra),
-                            **options)
+    return RecordedDecision(RecordFile(record_path(path, os.environ), options, start, observe,
+                                       max_bytes, **extra), **options)
 
 
 class RecordedDecision(Decision):

@@ -21,7 +21,7 @@ from cgwatch.guardrecord import (
     note_line,
     parse_record,
 )
-from cgwatch.recordfile import RecordFile
+from cgwatch.recordfile import RecordFile, record_path
 
 MiB = 1 << 20
 JOB = ("/job", 128 * MiB, 100 * MiB, 28 * MiB, None, None, 0)  # no high, no PSI, 0 rises
@@ -126,3 +126,15 @@ def test_the_writer_stops_at_its_cap(tmp_path: object) -> None:
     assert writer.cut and record.note("cut") is not None
     assert sum(len(line) for line in lines[:-1]) <= 400
     assert 5 <= len(record.checks()) < 49
+
+
+@pytest.mark.parametrize("path, environ, expected", [
+    pytest.param("guard.rec", {"RANK": "3"}, "guard.rec", id="no-placeholder"),
+    pytest.param("guard-{rank}.rec", {"RANK": "3", "LOCAL_RANK": "1"}, "guard-3.rec",
+                 id="torchrun-rank"),
+    pytest.param("guard-{rank}.rec", {"LOCAL_RANK": "1"}, "guard-1.rec",
+                 id="lightning-local-rank"),
+    pytest.param("guard-{rank}.rec", {}, "guard-0.rec", id="one-process"),
+])
+def test_one_record_per_rank(path: str, environ: dict[str, str], expected: str) -> None:
+    assert record_path(path, environ) == expected
