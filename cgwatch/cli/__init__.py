@@ -132,6 +132,12 @@ RESTARTS_HELP = ("--restarts N: a run that would exit 75 (CMD saved after the gu
                  "last one (the number in the saved checkpoint's name, --checkpoint-dir) is "
                  "not a leak a restart outruns: run says so and exits 75 without using the "
                  "rest. Any other status ends the run with it.")
+REPLAY_HELP = _paragraphs(
+    "Feed a guard's record (cgwatch run --guard --record FILE, or cgwatch.Guard(record=FILE)) "
+    "to the guard's decision again. With no option: the live decisions, each checked (exit 1 "
+    "if one differs). With options: where a guard with them would have stopped the job, and "
+    "each would-be stop judged by what followed: false (the job went on), or needed (it was "
+    "OOM-killed while the stop stood or within its lead), with the lead it had.")
 COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
                  "once; further rises of it within 1 s make one line at the end of that second, "
                  "with the number of rises (`[37 rises in 1s]`).")
@@ -266,17 +272,9 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                             "sidecar; exits when it does, and exits 1 at start if its cgroup "
                             "cannot be found")
     replay = subcommands.add_parser(
-        "replay", parents=[common], prog="cgwatch replay",
+        "replay", parents=[common], prog="cgwatch replay", description=REPLAY_HELP,
         help="replay a guard's record: its live decisions, or where other options stop",
-        description=_paragraphs(
-            "Feed a guard's record (cgwatch run --guard --record FILE, or "
-            "cgwatch.Guard(record=FILE)) to the guard's decision again. With no option: "
-            "the live decisions, each checked (exit 1 if one differs). With options: where "
-            "a guard with them would have stopped the job, and each would-be stop judged "
-            "by what followed: false (the job went on), or needed (it was OOM-killed "
-            "while the stop stood or within its lead), with the lead it had."),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_paragraphs(SIZES_HELP))
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_paragraphs(SIZES_HELP))
     replay.add_argument("file", metavar="FILE", help="the record")
     replay.add_argument("--reserve", type=_threshold, default=None, metavar="SIZE|PCT",
                         help="replay with this reserve (as run --reserve)")
