@@ -111,14 +111,10 @@ class Decision:
                              "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
         self.reserve = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
-        self.rise_margin = rise_margin
-        self.margin = margin
-        self.interval = interval
-        self.jitter = jitter
-        self.near_interval = near_interval
-        self.write_rate = rate
-        self.checkpoint_bytes = size
-        self.throttle_seconds = throttle_seconds
+        self.rise_margin, self.throttle_seconds = rise_margin, throttle_seconds
+        self.interval, self.jitter, self.near_interval = interval, jitter, near_interval
+        # what a save takes, until one is timed: checkpoint_bytes / write_rate x margin
+        self.margin, self.write_rate, self.checkpoint_bytes = margin, rate, size
         self._configured = None if checkpoint_seconds is None else float(checkpoint_seconds)
         # The user said what a save takes (its time or its size): no estimate replaces it.
         self._checkpoint_given = checkpoint_seconds is not None or size is not None
@@ -174,9 +170,11 @@ class Decision:
             tight = min(limited, key=lambda r: r.headroom or 0)
             self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
             self._bound = bound_limit(available, tight)
-        if available is not None and self._bound != bound:
-            # The level just found: its depths start from this check's figure (a new limit
-            # forgets the old one's); a figure due() skipped for want of a level is taken now.
+        if available is not None and self._bound is not None and self._bound != bound:
+            # due() fed this check's figure under the level the last sample found. This one
+            # found another: the figure is taken under it. A new limit starts its depths here
+            # and learns nothing yet; a figure due() skipped (no level bounded it) is learned
+            # from now. Either way each check's figure is learned from once.
             self._rise.update(available, self._bound, now)
         self._gaps.append(self._gap_now)
         self._gap_now = 0.0

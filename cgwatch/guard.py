@@ -291,10 +291,12 @@ class Guard:
 
     @property
     def reserve(self) -> Threshold:
+        """The reserve kept at every limited level (bytes or a share of its limit)."""
         return self._decision.reserve
 
     @property
     def near_interval(self) -> float:
+        """Seconds between samples near the reserve (bench/guard.py reads it)."""
         return self._decision.near_interval
 
     def state_dict(self) -> dict[str, Any]:
