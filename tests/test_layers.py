@@ -60,6 +60,9 @@ LAYER = {
     "cgwatch.sampling": "pure rules",
     "cgwatch.trends": "pure rules",
     "cgwatch.timeline": "pure rules",
+    "cgwatch.wouldstop": "pure rules",
+    "cgwatch.guardrecord": "pure rules",
+    "cgwatch.guardreplay": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -74,6 +77,7 @@ LAYER = {
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
     "cgwatch.saves": "I/O edges",
+    "cgwatch.recordfile": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
@@ -116,6 +120,8 @@ LAYER = {
     "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
+    "cgwatch.cli.observed": "commands",
+    "cgwatch.cli.replay": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.runverbose": "commands",
@@ -155,6 +161,7 @@ PURE_STDLIB = frozenset({
     "__future__", "typing", "collections", "collections.abc", "dataclasses", "re",
     "fractions", "decimal", "numbers", "math", "enum", "functools", "itertools", "operator",
     "string", "bisect", "heapq", "abc",
+    "json",  # text to values and back, as re: guardrecord.py's lines
 })
 IMPURE = frozenset({
     "os", "os.path", "io", "sys", "socket", "subprocess", "threading", "time", "signal",

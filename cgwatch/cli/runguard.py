@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
 from .child import exit_status
 from .explain import signal_name
+from .observed import ObservedRun, observe_options
 
 if TYPE_CHECKING:
     from ..events import Events
@@ -173,7 +174,10 @@ class GuardThread:
             kwargs["reserve"] = args.reserve
         if args.checkpoint_seconds is not None:
             kwargs["checkpoint_seconds"] = args.checkpoint_seconds
+        kwargs.update(observe_options(args))
         self.guard = Guard(monitor, events=events, **kwargs)
+        self.watching = ObservedRun(self.guard, recorder, args.signal) \
+            if self.guard.observe else None
         for seconds in timed_saves:  # earlier attempts' saves (--restarts): a measured lead
             self.guard.saved(seconds)
         self.checkpoint_dir: Optional[str] = (getattr(args, "checkpoint_dir", None)
@@ -207,7 +211,10 @@ class GuardThread:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self.guard.close()
+        # CMD ended by SIGKILL: the OOM killer's signal, as the record's end says it (a
+        # `kill -9` reads the same there; run's own report tells them apart, cause.py)
+        proc = self.proc
+        self.guard.close(oom_killed=proc is not None and proc.returncode == -signal.SIGKILL)
 
     def environment(self) -> Optional[dict[str, str]]:
         """CMD's environment: ours, plus CGWATCH_CHECKPOINT_DIR when --checkpoint-dir gave
@@ -217,10 +224,15 @@ class GuardThread:
             return None
         return {**os.environ, CHECKPOINT_DIR_ENV: self.checkpoint_dir}
 
-    def outcome(self, returncode: int, ended_at: float) -> Optional[dict[str, Any]]:
+    def outcome(self, returncode: int, ended_at: float,
+                oom_killed: bool = False) -> Optional[dict[str, Any]]:
         """What came of the signal, once CMD ended at `ended_at` (time.monotonic()): the
         `line` to print, `seconds` from the signal to the end, `saved`, `checkpoint` (where
-        the save went, when known); None when the guard did not fire."""
+        the save went, when known); None when the guard did not fire. `--observe`: the
+        would-be stops judged (`line`, and `observe` for the JSON report; `oom_killed`:
+        CMD itself was OOM-killed at its end)."""
+        if self.watching is not None:
+            return self.watching.outcome(self.name, ended_at, oom_killed)
         if self.fired is None:
             return None
         seconds = max(0.0, ended_at - self.fired_at)
