@@ -59,6 +59,7 @@ LAYER = {
     "cgwatch.sampling": "pure rules",
     "cgwatch.trends": "pure rules",
     "cgwatch.timeline": "pure rules",
+    "cgwatch.savetimes": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -115,6 +116,7 @@ LAYER = {
     "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
+    "cgwatch.cli.ckptwatch": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.serve": "commands",

@@ -389,6 +389,7 @@ def _build_report(args: argparse.Namespace, command: list[str],
                 **fired.as_dict(), "signal": signal_name(guarding.signum),
                 "seconds_to_exit": outcome["seconds"], "saved": outcome["saved"],
                 "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
+            data["learned"] = guarding.learned()
         if ran.saves.expected:
             data["exit_status"] = status
             data["saves"] = {**ran.saves._asdict(), "complete": ran.saves.complete,
