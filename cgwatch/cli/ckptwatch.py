@@ -171,6 +171,7 @@ class SaveWatch:
         self._listed_at = 0.0
         self._watch: Optional[LevelWatch] = None  # while watching (or starting to)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by the hub when it reads the instance (poke)
         self._thread = threading.Thread(target=self._run, name="cgwatch-run-saves",
                                         daemon=True)
         loaded, why = read_learned(self.directory)
@@ -204,8 +205,10 @@ class SaveWatch:
     def close(self) -> None:
         """Stop watching; learn the save still being written (a stop's), keep the state."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._deliver()  # what was read for us since the last turn
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.stop()
@@ -230,7 +233,10 @@ class SaveWatch:
                 "saves": self.learned_here}
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL if self.mode == POLLING else TICK):
+        while not self._stop.is_set():
+            self._wake.wait(POLL_INTERVAL if self.mode == POLLING else TICK)
+            self._wake.clear()
+            self._deliver()
             if self.why_polling == MISSING and os.path.isdir(self.directory):
                 self._watch_or_poll()  # made after the start (HF makes output_dir at a save)
             with self._lock:
@@ -270,7 +276,7 @@ class SaveWatch:
         if len(dirs) > self.budget:
             return self._poll_instead(f"more than {self.budget} directories to watch")
         try:
-            self._watch = LevelWatch(self._nothing, self._deliver)
+            self._watch = LevelWatch(self._poke, self._deliver)
             self._watch.start()
         except WatchUnavailable as e:
             return self._poll_instead(str(e))
@@ -315,19 +321,21 @@ class SaveWatch:
             self._listing, self._listed_at = list_tree(self.directory)[0], time.time()
         self.mode, self.why_polling = POLLING, why
 
-    def _nothing(self) -> None:
-        """A monitor's poke: nothing to do here (the events come to `_deliver`)."""
+    def _poke(self) -> None:
+        """The hub is reading the instance, or has read events of ours: whoever read them
+        (the loop thread, or a query of run's monitor, which queues them without delivering),
+        this thread takes them now (`_deliver`). Called under the hub's lock: no lock here."""
+        self._wake.set()
 
     def _deliver(self) -> None:
-        """The loop thread: the events read, fed to the finder at the time they came."""
-        watch = self._watch
-        if watch is None:
-            return
-        changes, rebuild = watch.read()
-        now = time.time()
-        with self._lock:
-            if self.mode != WATCHING:
+        """The events read for us, fed to the finder at the time they are taken (the loop
+        thread's delivery, or this thread woken by `_poke`: within milliseconds)."""
+        with self._lock:  # the events in the order read (this thread and the loop's)
+            watch = self._watch
+            if watch is None or self.mode != WATCHING:
                 return
+            changes, rebuild = watch.read()
+            now = time.time()
             for change in changes:
                 self._apply(now, change)
             if rebuild:  # a watch vanished, or the queue overflowed: look again
