@@ -280,6 +280,10 @@ def parse_learned(data: Any) -> Learned:
         raise ValueError(f"'saves' is not a list of at most {KEPT}")
     if guard is not None and not isinstance(guard, dict):
         raise ValueError("'guard' is not an object")
+    timed = guard.get("saves", []) if guard is not None else []
+    if not isinstance(timed, list) or len(timed) > KEPT or not all(map(_number, timed)):
+        # Guard.load_state_dict takes any number: an infinite save would stop every job
+        raise ValueError(f"the guard's 'saves' are not at most {KEPT} numbers >= 0")
     kept = []
     for save in saves:
         if not isinstance(save, dict):

@@ -1,13 +1,13 @@
 """`run --guard --checkpoint-dir DIR`'s watch of DIR (cgwatch/cli/ckptwatch.py) against the real
 kernel's inotify in a temporary directory, driven by files written here the way the jobs write
 them (savetimes.py has the grouping's tables): a save learned and given to the guard, its state
-file for the next life, the fallback to listings, and the files it refuses. The guard is a
-stand-in that records what it is taught. Checked on 6.18 (ext4 and tmpfs behave alike here)."""
+file for the next life, the fallback to listings, and the files it refuses. The guard is its
+pure part, a `Decision` (what Guard.saved, estimate_checkpoint and state_dict forward to).
+Checked on 6.18."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -16,26 +16,15 @@ import pytest
 
 from cgwatch.cli.ckptwatch import POLLING, STATE_NAME, WATCHING, SaveWatch
 from cgwatch.cli.runguard import find_saved
+from cgwatch.decision import Decision
 from cgwatch.savetimes import SIGNAL, WATCHED, parse_learned
 
 MiB = 1 << 20
 
 
-class Taught:
-    """What SaveWatch calls of a Guard, recorded."""
-
-    lead = 1.5
-
-    def __init__(self) -> None:
-        self.saves: list[float] = []
-        self.sizes: list[int] = []
-
-    def saved(self, seconds: float) -> None:
-        self.saves.append(seconds)
-
-    def estimate_checkpoint(self, nbytes: int) -> bool:
-        self.sizes.append(nbytes)
-        return True
+def saves(decision: Decision) -> list[float]:
+    """The timed saves the guard was given (its state, as the next life gets it)."""
+    return list(decision.state_dict()["saves"])
 
 
 @pytest.fixture
@@ -47,8 +36,8 @@ def watches() -> Iterator[list[SaveWatch]]:
 
 
 def watching(directory: str, made: list[SaveWatch], budget: Optional[int] = None
-             ) -> tuple[SaveWatch, Taught]:
-    taught = Taught()
+             ) -> tuple[SaveWatch, Decision]:
+    taught = Decision()
     watch = SaveWatch(directory, taught, budget)  # type: ignore[arg-type]
     made.append(watch)
     watch.start()
@@ -79,9 +68,10 @@ def test_a_save_written_is_learned_and_kept(tmp_path: Any, watches: list[SaveWat
     watch, taught = watching(str(tmp_path), watches)
     assert watch.mode == WATCHING and watch.line == ""
     write_slowly(str(tmp_path / "step-10.pt"), 4, MiB, 0.5)
-    wait_for(lambda: taught.saves)
-    assert 1.5 <= taught.saves[0] < 3.0, taught.saves
-    assert taught.sizes[-1] == 4 * MiB
+    wait_for(lambda: saves(taught))
+    assert 1.5 <= saves(taught)[0] < 3.0, saves(taught)
+    assert taught.checkpoint_bytes == 4 * MiB
+    assert taught.lead == 1.5 * saves(taught)[0]
     [save] = watch.report()["saves"]
     assert (save["bytes"], save["files"], save["name"]) == (4 * MiB, 1, "step-10.pt")
     with open(tmp_path / STATE_NAME) as f:
@@ -101,7 +91,7 @@ def test_a_checkpoint_directory_made_while_watching(tmp_path: Any,
     directory.mkdir()
     for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
         write_slowly(str(directory / name), 2, MiB, 0.4)
-    wait_for(lambda: taught.saves)
+    wait_for(lambda: saves(taught))
     [save] = watch.report()["saves"]
     assert (save["bytes"], save["files"], save["name"]) == (6 * MiB, 3, "checkpoint-10")
     assert 1.2 <= save["seconds"] < 3.0, save
@@ -113,9 +103,9 @@ def test_listings_when_no_watch_may_be_taken(tmp_path: Any, watches: list[SaveWa
     watch, taught = watching(str(tmp_path), watches, budget=0)
     assert (watch.mode, watch.why_polling) == (POLLING, "more than 0 directories to watch")
     write_slowly(str(tmp_path / "step-10.pt"), 4, MiB, 0.5)
-    wait_for(lambda: taught.saves)
-    assert 1.5 <= taught.saves[0] < 4.0, taught.saves
-    assert taught.sizes[-1] == 4 * MiB
+    wait_for(lambda: saves(taught))
+    assert 1.5 <= saves(taught)[0] < 4.0, saves(taught)
+    assert taught.checkpoint_bytes == 4 * MiB
 
 
 def test_a_tree_larger_than_the_budget_is_listed(tmp_path: Any,
@@ -128,13 +118,15 @@ def test_a_tree_larger_than_the_budget_is_listed(tmp_path: Any,
 
 
 def test_small_writes_teach_nothing(tmp_path: Any, watches: list[SaveWatch]) -> None:
-    """A 10 kB JSON (a trainer_state.json, a CSV flush): no checkpoint, no state file."""
+    """A 10 kB JSON (a trainer_state.json, a CSV flush): no checkpoint; the state kept at
+    the end holds no save."""
     watch, taught = watching(str(tmp_path), watches)
     write_slowly(str(tmp_path / "metrics.json"), 1, 10_000, 0)
     time.sleep(3.0)  # QUIET (2 s) and a turn of the thread
     watch.close()
-    assert (taught.saves, taught.sizes) == ([], [])
-    assert not os.path.exists(tmp_path / STATE_NAME)
+    assert (saves(taught), taught.checkpoint_bytes) == ([], None)
+    kept = parse_learned(json.loads((tmp_path / STATE_NAME).read_text()))
+    assert kept.saves == () and kept.guard == taught.state_dict()
 
 
 def test_the_next_life_starts_from_what_was_learned(tmp_path: Any,
@@ -149,10 +141,11 @@ def test_the_next_life_starts_from_what_was_learned(tmp_path: Any,
     first.signal_save(0.4)
     learned = first.report()["saves"][0]["seconds"]
     second, taught = watching(str(tmp_path), watches)
-    assert taught.saves == [learned, 0.4] and taught.sizes == [4 * MiB]
+    assert saves(taught) == [learned, 0.4] and taught.checkpoint_bytes == 4 * MiB
     assert second.line == (
         f"cgwatch guard: starting from 2 saves learned by earlier runs "
-        f"({tmp_path / STATE_NAME}): the longest {learned:.1f} s, 4.0 MiB; lead 1.5 s")
+        f"({tmp_path / STATE_NAME}): the longest {learned:.1f} s, 4.0 MiB; "
+        f"lead {1.5 * learned:.1f} s")
     assert [s["how"] for s in second.report()["loaded"]] == [WATCHED, SIGNAL]
 
 
@@ -173,9 +166,10 @@ def test_a_bad_state_file_is_ignored_in_one_line(tmp_path: Any, watches: list[Sa
     watch, taught = watching(str(tmp_path), watches)
     assert watch.line.startswith(f"cgwatch guard: ignoring {path}: "), watch.line
     assert why in watch.line, watch.line
-    assert taught.saves == [] and watch.report()["loaded"] is None
+    assert saves(taught) == [] and watch.report()["loaded"] is None
     if content is not None:  # replaced by the next state written
         watch.close()
         watch.signal_save(1.0)
-        assert [s["seconds"] for s in parse_learned(json.loads(path.read_text())).saves] \
-            == [1.0]
+        kept = parse_learned(json.loads(path.read_text()))
+        assert [s["seconds"] for s in kept.saves] == [1.0] and kept.guard is not None
+        assert kept.guard["saves"] == [1.0]

@@ -293,6 +293,10 @@ def bad_save(**fields: Any) -> dict[str, Any]:
     ({**GOOD, "saves": {}}, "'saves' is not a list"),
     ({**GOOD, "saves": GOOD["saves"] * (KEPT + 1)}, f"at most {KEPT}"),  # not bounded
     ({**GOOD, "guard": [1]}, "'guard' is not an object"),
+    # the guard takes its saves as they are: an infinite one would stop every job at once
+    ({**GOOD, "guard": {"saves": [math.inf]}}, "the guard's 'saves' are not"),
+    ({**GOOD, "guard": {"saves": ["2"]}}, "the guard's 'saves' are not"),
+    ({**GOOD, "guard": {"saves": 2.0}}, "the guard's 'saves' are not"),
     ({**GOOD, "saves": [3]}, "a save is not an object"),
     (bad_save(seconds=-1.0), "a save is malformed"),
     (bad_save(seconds=math.inf), "a save is malformed"),     # json.loads reads Infinity

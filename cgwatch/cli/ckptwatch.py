@@ -188,6 +188,11 @@ class SaveWatch:
         return os.path.join(self.directory, STATE_NAME)
 
     def _teach(self, learned: Learned) -> None:
+        """The guard starts from an earlier life's state: its own (`Guard.state_dict()`: the
+        timed saves, the checkpoint's size, the pieces it took), else the saves kept."""
+        if learned.guard is not None:
+            self.guard.load_state_dict(learned.guard)
+            return
         for seconds in learned.timed:
             self.guard.saved(seconds)
         if learned.largest:
@@ -216,12 +221,14 @@ class SaveWatch:
             saves = self._finder.flush()
         for save in saves:
             self._learn(save)
-        if not saves and callable(getattr(self.guard, "state_dict", None)):
-            self._keep(self.learned)  # the guard's own state, as it ends
+        if not saves:
+            self._keep(self.learned)  # the guard's own state as it ends (its pieces)
 
     def signal_save(self, seconds: float) -> None:
         """A stop's save under `run --guard` (the signal to CMD's end): kept for the next
-        life (the guard of this one has stopped)."""
+        life: given to the guard too (it has stopped), whose state is what the next starts
+        from."""
+        self.guard.saved(seconds)
         self._keep(self.learned.add(seconds, None, SIGNAL, "", time.time()))
 
     def report(self) -> dict[str, Any]:
@@ -259,10 +266,7 @@ class SaveWatch:
         self._keep(learned)
 
     def _keep(self, learned: Learned) -> None:
-        self.learned = learned
-        state = getattr(self.guard, "state_dict", None)  # the Decision's, where it exists
-        if callable(state):
-            self.learned = learned = learned.with_guard(state())
+        self.learned = learned = learned.with_guard(self.guard.state_dict())
         if os.path.isdir(self.directory):
             write_learned(self.directory, learned)
 
