@@ -221,8 +221,10 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      help="--guard: what CMD's save takes (default: CMD's working set at "
                           "100 MiB/s, at least 1 s)")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
-                          "after a save, the newest entry of DIR is named")
+                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR): "
+                          "the saves CMD writes there set the guard's lead, kept for the "
+                          "next run in DIR/.cgwatch-guard.json; after a stop's save, the "
+                          "newest entry of DIR is named")
     run.add_argument("--restarts", type=_count, default=None, metavar="N",
                      help="--guard: start CMD again after a save, up to N times (below)")
     run.add_argument("--restart-delay", type=_checkpoint_seconds, default=None,
