@@ -63,13 +63,14 @@ def wait_for(condition: Any, seconds: float = 15.0) -> None:
 
 
 def test_a_save_written_is_learned_and_kept(tmp_path: Any, watches: list[SaveWatch]) -> None:
-    """A 4 MiB file written over 1.5 s: one save of ~1.5 s (at least that: a loaded machine
-    only makes it longer), given to the guard with its size, and kept in DIR's state file."""
+    """A 4 MiB file written over 1.5 s: one save of ~1.5 s (each event is timed when it is
+    read, a few ms late; a loaded machine makes it longer), given to the guard with its
+    size, and kept in DIR's state file."""
     watch, taught = watching(str(tmp_path), watches)
     assert watch.mode == WATCHING and watch.line == ""
     write_slowly(str(tmp_path / "step-10.pt"), 4, MiB, 0.5)
     wait_for(lambda: saves(taught))
-    assert 1.5 <= saves(taught)[0] < 3.0, saves(taught)
+    assert 1.4 <= saves(taught)[0] < 3.0, saves(taught)  # timed as read: ms late
     assert taught.checkpoint_bytes == 4 * MiB
     assert taught.lead == 1.5 * saves(taught)[0]
     [save] = watch.report()["saves"]
@@ -94,7 +95,9 @@ def test_a_checkpoint_directory_made_while_watching(tmp_path: Any,
     wait_for(lambda: saves(taught))
     [save] = watch.report()["saves"]
     assert (save["bytes"], save["files"], save["name"]) == (6 * MiB, 3, "checkpoint-10")
-    assert 1.2 <= save["seconds"] < 3.0, save
+    # the first file was opened before its new directory was watched: its open counts from
+    # when the directory was seen, milliseconds late
+    assert 1.1 <= save["seconds"] < 3.0, save
 
 
 def test_listings_when_no_watch_may_be_taken(tmp_path: Any, watches: list[SaveWatch]) -> None:
@@ -104,7 +107,7 @@ def test_listings_when_no_watch_may_be_taken(tmp_path: Any, watches: list[SaveWa
     assert (watch.mode, watch.why_polling) == (POLLING, "more than 0 directories to watch")
     write_slowly(str(tmp_path / "step-10.pt"), 4, MiB, 0.5)
     wait_for(lambda: saves(taught))
-    assert 1.5 <= saves(taught)[0] < 4.0, saves(taught)
+    assert 1.4 <= saves(taught)[0] < 4.0, saves(taught)
     assert taught.checkpoint_bytes == 4 * MiB
 
 
@@ -173,3 +176,17 @@ def test_a_bad_state_file_is_ignored_in_one_line(tmp_path: Any, watches: list[Sa
         kept = parse_learned(json.loads(path.read_text()))
         assert [s["seconds"] for s in kept.saves] == [1.0] and kept.guard is not None
         assert kept.guard["saves"] == [1.0]
+
+
+def test_a_directory_made_after_the_start_is_watched_once_it_exists(
+        tmp_path: Any, watches: list[SaveWatch]) -> None:
+    """DIR does not exist yet (a Trainer makes its output_dir itself): listed until it
+    does, then watched; its first save is learned."""
+    directory = tmp_path / "out"
+    watch, taught = watching(str(directory), watches)
+    assert (watch.mode, watch.why_polling) == (POLLING, "no such directory (yet)")
+    directory.mkdir()
+    wait_for(lambda: watch.mode == WATCHING, 5.0)
+    write_slowly(str(directory / "step-10.pt"), 4, MiB, 0.5)
+    wait_for(lambda: saves(taught))
+    assert 1.4 <= saves(taught)[0] < 3.0, saves(taught)  # timed as read: ms late

@@ -242,10 +242,10 @@ def test_the_lead_is_learned_from_the_jobs_saves_and_kept_for_its_requeue(
     assert learned["watching"] == "inotify" and learned["loaded"] is None, learned
     [save] = learned["saves"]
     # step-000010.json (~8 kB) and the payload, first open to last close: 3 s of writes,
-    # more on a loaded machine
+    # more on a loaded machine (each event timed when read: a few ms late)
     assert (save["files"], save["name"]) == (2, "payload-000010.bin"), save
     assert 8 * MiB < save["bytes"] < 8 * MiB + 64 * 1024, save
-    assert SAVE_SECONDS <= save["seconds"] < SAVE_SECONDS + 1.5, save
+    assert SAVE_SECONDS - 0.1 <= save["seconds"] < SAVE_SECONDS + 1.5, save
     # the lead: that save x 1.5, plus the longest time between two of run's checks (0.1 s
     # apart; under 0.5 s on the loaded machine: Guard.check_gap)
     stop = first["guard"]

@@ -243,15 +243,28 @@ class SaveWatch:
         while not self._stop.is_set():
             self._wake.wait(POLL_INTERVAL if self.mode == POLLING else TICK)
             self._wake.clear()
-            self._deliver()
-            if self.why_polling == MISSING and os.path.isdir(self.directory):
-                self._watch_or_poll()  # made after the start (HF makes output_dir at a save)
-            with self._lock:
-                if self.mode == POLLING:
-                    self._poll()
-                saves = self._finder.due(time.time())
-            for save in saves:
-                self._learn(save)
+            try:
+                self._turn()
+            except Exception as e:  # noqa: BLE001 - a lead not learned must not end the run
+                self._give_up(e)
+                return
+
+    def _turn(self) -> None:
+        self._deliver()
+        if self.why_polling == MISSING and os.path.isdir(self.directory):
+            self._watch_or_poll()  # made after the start (HF makes output_dir at a save)
+        with self._lock:
+            if self.mode == POLLING:
+                self._poll()
+            saves = self._finder.due(time.time())
+        for save in saves:
+            self._learn(save)
+
+    def _give_up(self, error: Exception) -> None:
+        """Stop learning (the guard keeps what it has): one line in the report."""
+        with self._lock:
+            self._poll_instead(f"stopped: {error!r}"[:200])
+            self.mode = None
 
     def _learn(self, save: Save) -> None:
         if not self.learned.worth(save.bytes):
@@ -279,11 +292,8 @@ class SaveWatch:
             return self._poll_instead(MISSING)
         if len(dirs) > self.budget:
             return self._poll_instead(f"more than {self.budget} directories to watch")
-        try:
-            self._watch = LevelWatch(self._poke, self._deliver)
-            self._watch.start()
-        except WatchUnavailable as e:
-            return self._poll_instead(str(e))
+        self.why_polling = ""
+        self._watch = LevelWatch(self._poke, self._deliver)
         with self._lock:
             self._dirs = dirs
             # a directory made between the listing and its parent's watch: listed again
@@ -305,6 +315,7 @@ class SaveWatch:
             if watch is None:
                 return False  # polling already
             try:
+                watch.start()  # the process's instance (made if none, as quota.py allows)
                 watch.replace([Target(d, "saves", 0) for d in self._dirs])
                 return True
             except TargetGone as e:  # removed meanwhile (HF's rotation): without it
@@ -334,6 +345,14 @@ class SaveWatch:
     def _deliver(self) -> None:
         """The events read for us, fed to the finder at the time they are taken (the loop
         thread's delivery, or this thread woken by `_poke`: within milliseconds)."""
+        if threading.current_thread() is not self._thread:
+            try:
+                return self._take()
+            except Exception as e:  # noqa: BLE001 - the loop thread serves every monitor
+                return self._give_up(e)
+        self._take()
+
+    def _take(self) -> None:
         with self._lock:  # the events in the order read (this thread and the loop's)
             watch = self._watch
             if watch is None or self.mode != WATCHING:
