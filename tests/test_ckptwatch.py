@@ -190,3 +190,15 @@ def test_a_directory_made_after_the_start_is_watched_once_it_exists(
     write_slowly(str(directory / "step-10.pt"), 4, MiB, 0.5)
     wait_for(lambda: saves(taught))
     assert 1.4 <= saves(taught)[0] < 3.0, saves(taught)  # timed as read: ms late
+
+
+def test_the_guards_pieces_reach_the_next_life_without_a_save(
+        tmp_path: Any, watches: list[SaveWatch]) -> None:
+    """A life that saved nothing still keeps what its guard learned (the pieces the job
+    took: Guard.state_dict()), and the next starts from it, silently: no save to name."""
+    first = Decision()
+    first.load_state_dict({"rise": {"largest": 64 * MiB, "pieces": [64 * MiB, 64 * MiB]}})
+    watch = SaveWatch(str(tmp_path), first)  # type: ignore[arg-type]
+    watch.close()
+    second, taught = watching(str(tmp_path), watches)
+    assert taught.rise == 64 * MiB and second.line == ""

@@ -180,9 +180,10 @@ class SaveWatch:
         self.line = ""
         if why:
             self.line = f"cgwatch guard: ignoring {self._state_path()}: {why}"
-        elif loaded is not None and loaded.saves:
+        elif loaded is not None:
             self._teach(loaded)
-            self.line = learned_line(loaded, self._state_path(), guard.lead)
+            if loaded.saves:
+                self.line = learned_line(loaded, self._state_path(), guard.lead)
 
     def _state_path(self) -> str:
         return os.path.join(self.directory, STATE_NAME)
