@@ -63,6 +63,7 @@ LAYER = {
     "cgwatch.wouldstop": "pure rules",
     "cgwatch.guardrecord": "pure rules",
     "cgwatch.guardreplay": "pure rules",
+    "cgwatch.savetimes": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -122,6 +123,7 @@ LAYER = {
     "cgwatch.cli.runguard": "commands",
     "cgwatch.cli.observed": "commands",
     "cgwatch.cli.replay": "commands",
+    "cgwatch.cli.ckptwatch": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.runverbose": "commands",

@@ -237,8 +237,10 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      help="--guard: what CMD's save takes (default: CMD's working set at "
                           "100 MiB/s, at least 1 s)")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
-                          "after a save, the newest entry of DIR is named")
+                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR): "
+                          "the saves CMD writes there set the guard's lead, kept for the "
+                          "next run in DIR/.cgwatch-guard.json; after a stop's save, the "
+                          "newest entry of DIR is named")
     run.add_argument("--observe", action="store_true", default=None,
                      help="--guard: decide, but send nothing: each would-be stop is a line "
                           "when it comes, and is judged by what followed once CMD ended "

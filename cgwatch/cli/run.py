@@ -394,6 +394,7 @@ def _build_report(args: argparse.Namespace, command: list[str],
                 **fired.as_dict(), "signal": signal_name(guarding.signum),
                 "seconds_to_exit": outcome["seconds"], "saved": outcome["saved"],
                 "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
+            data["learned"] = guarding.learned()
             if outcome is not None and "observe" in outcome:
                 data["observe"] = outcome["observe"]  # --observe (observed.py)
         if ran.saves.expected:

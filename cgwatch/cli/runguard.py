@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
 from .child import exit_status
+from .ckptwatch import STATE_NAME, SaveWatch
 from .explain import signal_name
 from .observed import ObservedRun, observe_options
 
@@ -149,6 +150,8 @@ def find_saved(directory: str, since: float) -> Optional[str]:
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
+                if entry.name.startswith(STATE_NAME):
+                    continue  # what the guard learned, not what CMD saved (ckptwatch.py)
                 try:
                     mtime = entry.stat(follow_symlinks=False).st_mtime
                 except OSError:
@@ -182,6 +185,9 @@ class GuardThread:
             self.guard.saved(seconds)
         self.checkpoint_dir: Optional[str] = (getattr(args, "checkpoint_dir", None)
                                               or os.environ.get(CHECKPOINT_DIR_ENV) or None)
+        # the lead learned from the job's own saves there, and kept for its next life
+        self.learning = SaveWatch(self.checkpoint_dir, self.guard) \
+            if self.checkpoint_dir is not None else None
         self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)
         self.fired: Optional[Verdict] = None
         self.fired_at = 0.0  # time.monotonic() when the signal was sent
@@ -205,12 +211,16 @@ class GuardThread:
         self.proc = proc
         self.name = os.path.basename(command[0])
         self.torchrun = is_torchrun(command)
+        if self.learning is not None:
+            self.learning.start()
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        if self.learning is not None:
+            self.learning.close()
         # CMD ended by SIGKILL: the OOM killer's signal, as the record's end says it (a
         # `kill -9` reads the same there; run's own report tells them apart, cause.py)
         proc = self.proc
@@ -240,9 +250,15 @@ class GuardThread:
         saved_to = None
         if saved and self.checkpoint_dir is not None:
             saved_to = find_saved(self.checkpoint_dir, self.fired_wall)
+        if saved and self.learning is not None:
+            self.learning.signal_save(seconds)
         return {"line": outcome_line(self.name, returncode, self.signum, seconds,
                                      self.checkpoint_dir, saved_to, self.workers),
                 "seconds": round(seconds, 3), "saved": saved, "checkpoint": saved_to}
+
+    def learned(self) -> Optional[dict[str, Any]]:
+        """What the lead learned from the job's saves (ckptwatch.py), for the JSON report."""
+        return self.learning.report() if self.learning is not None else None
 
     def _check_until_stopped(self) -> None:
         while not self._stop.wait(self.INTERVAL):
