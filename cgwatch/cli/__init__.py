@@ -220,6 +220,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      metavar="SECONDS",
                      help="--guard: what CMD's save takes (default: CMD's working set at "
                           "100 MiB/s, at least 1 s)")
+    run.add_argument("--save-delay", type=_checkpoint_seconds, default=None,
+                     metavar="SECONDS",
+                     help="--guard: how long CMD waits after the signal before it saves "
+                          "(HF's TrainingArguments(enable_jit_checkpoint=True): 3, then its "
+                          "next step); the guard's lead holds it: (it + the save) x 1.5")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
                           "after a save, the newest entry of DIR is named")

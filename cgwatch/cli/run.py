@@ -233,7 +233,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
                                               ("--checkpoint-seconds",
                                                args.checkpoint_seconds),
                                               ("--checkpoint-dir",
-                                               getattr(args, "checkpoint_dir", None)))
+                                               getattr(args, "checkpoint_dir", None)),
+                                              ("--save-delay",
+                                               getattr(args, "save_delay", None)))
                      if value is not None]
     if getattr(args, "restarts", None) is not None:
         guard_options.append("--restarts")
