@@ -79,22 +79,22 @@ class Killed(NamedTuple):
     want: str
 
 
+# what a kill with no save begun says after the figures (no step boundary came)
+NO_STEP = ("stopped during an evaluation or prediction loop, which has no step boundary until "
+           "it ends (HF's enable_jit_checkpoint saves only at one), or in a step longer than "
+           "that; exit 137")
+
 KILLED = [
     pytest.param(Killed(9.3, 3.0, "/ckpt", None,
                         "cgwatch guard: nothing was saved: train was killed by SIGKILL 9.3 s "
                         "after SIGTERM, and nothing in /ckpt changed since the signal: its save "
                         "waits 3.0 s (--save-delay), then for a step boundary, and none came in "
-                        "the 6.3 s after: stopped during an evaluation or prediction loop, which "
-                        "has no step boundary until it ends (HF's enable_jit_checkpoint saves "
-                        "only at one), or in a step longer than that; exit 137"),
+                        "the 6.3 s after: " + NO_STEP),
                  id="stopped-in-an-evaluation"),
     pytest.param(Killed(1.5, 0.0, "/ckpt", None,
                         "cgwatch guard: nothing was saved: train was killed by SIGKILL 1.5 s "
                         "after SIGTERM, and nothing in /ckpt changed since the signal: its save "
-                        "had not begun in those 1.5 s: stopped during an evaluation or "
-                        "prediction loop, which has no step boundary until it ends (HF's "
-                        "enable_jit_checkpoint saves only at one), or in a step longer than "
-                        "that; exit 137"),
+                        "had not begun in those 1.5 s: " + NO_STEP),
                  id="no-delay-nothing-begun"),
     pytest.param(Killed(2.1, 3.0, "/ckpt", None,
                         "cgwatch guard: nothing was saved: train was killed by SIGKILL 2.1 s "

@@ -81,6 +81,17 @@ def losses(ckpt: Path) -> list[tuple[str, int, float]]:
     return rows
 
 
+def resumed_exactly(ckpt: Path, want: dict[int, float], saved_at: list[int]) -> None:
+    """Every step ran; every step's loss logged (a step after the save runs again after the
+    resume, and logs again) equals the uninterrupted run's, `==` on the floats; life k began
+    at the step after the k-th save's."""
+    got = losses(ckpt)
+    assert {step for _, step, _ in got} == set(want)
+    assert [(step, loss) for _, step, loss in got if loss != want[step]] == []
+    for k, step in enumerate(saved_at, start=1):
+        assert min(s for life, s, _ in got if life == str(k)) == step + 1, (k, step)
+
+
 def test_hf_jit_checkpoint_under_run_guard_restarts_resumes_exactly(
         tree: Tree, quiet_env: dict[str, str], tmp_path: Path) -> None:
     reference = tmp_path / "reference"
@@ -108,14 +119,7 @@ def test_hf_jit_checkpoint_under_run_guard_restarts_resumes_exactly(
     assert [f"resumed from checkpoint-{s}" for s in restarts] == \
         [line for line in out.splitlines() if line.startswith("resumed from ")], out
     assert f"ended at step {STEPS}" in out
-    got = losses(ckpt)
-    # every step ran, and every step's loss (a step after the save runs again after the
-    # resume, and logs again) equals the uninterrupted run's, `==` on the floats
-    assert {step for _, step, _ in got} == set(want)
-    assert [(step, loss) for _, step, loss in got if loss != want[step]] == []
-    # each life resumed at the step after its checkpoint's
-    for k, step in enumerate(restarts, start=1):
-        assert min(s for life, s, _ in got if life == str(k)) == step + 1, (k, step)
+    resumed_exactly(ckpt, want, restarts)
 
 
 def test_a_stop_during_evaluation_says_why_nothing_was_saved(

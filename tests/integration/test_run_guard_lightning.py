@@ -23,7 +23,7 @@ import pytest
 
 from tests.cgroup_helpers import MiB, Tree, oom_kills
 from tests.integration.children import require
-from tests.integration.test_run_guard_jit import guarded_run, losses
+from tests.integration.test_run_guard_jit import guarded_run, losses, resumed_exactly
 
 pytestmark = pytest.mark.integration
 
@@ -59,10 +59,6 @@ def test_lightning_sigterm_save_under_run_guard_restarts_resumes_exactly(
     resumed = [int(step) for step in re.findall(r"^resumed from step (\d+)$", out, re.M)]
     assert len(resumed) == len(restarts), out
     assert f"ended at step {STEPS}" in out
-    got = losses(ckpt)
-    assert {step for _, step, _ in got} == set(want)
-    assert [(step, loss) for _, step, loss in got if loss != want[step]] == []
-    for k, step in enumerate(resumed, start=1):
-        assert min(s for life, s, _ in got if life == str(k)) == step + 1, (k, step)
+    resumed_exactly(ckpt, want, resumed)
     # Lightning's teardown removes on_exception.ckpt once a fit finishes
     assert not (ckpt / "on_exception.ckpt").exists()
