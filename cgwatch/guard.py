@@ -108,7 +108,9 @@ class Guard:
     to agree in (anything with `rank` and a collective `max(int) -> int`; default
     torch.distributed's default group, once initialised). `observe`: decide, do nothing
     (`would_stops()`); `record`: a file of the decision's inputs for `cgwatch replay`, at
-    most `record_bytes` (docs/guard.md, "Check it before you let it act").
+    most `record_bytes` (docs/guard.md, "Check it before you let it act"). `save_delay`:
+    seconds the job waits after the stop before its save begins (a trainer's own signal
+    handler: HF's `enable_jit_checkpoint` waits 3 s), part of `checkpoint_seconds`.
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
@@ -121,7 +123,8 @@ class Guard:
                  throttle_seconds: float = 30.0, events: Union[bool, Events] = True,
                  bucket: float = 1.0, span: int = 12, window: int = 24, sync_every: int = 10,
                  ranks: Optional[Ranks] = None, observe: bool = False,
-                 record: Optional[str] = None, record_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 record: Optional[str] = None, record_bytes: int = DEFAULT_MAX_BYTES,
+                 save_delay: float = 0.0) -> None:
         if monitor is None:
             from .default import default_monitor
 
@@ -135,7 +138,7 @@ class Guard:
             checkpoint_bytes=checkpoint_bytes, write_rate=write_rate, margin=margin,
             interval=interval, jitter=jitter, near_interval=near_interval,
             pressure_threshold=pressure_threshold, throttle_seconds=throttle_seconds,
-            bucket=bucket, span=span, window=window)
+            bucket=bucket, span=span, window=window, save_delay=save_delay)
         self._decision = Decision(**options) if record is None else \
             recorded_decision(record, options, observe, record_bytes)
         self.monitor = monitor

@@ -124,6 +124,7 @@ LAYER = {
     "cgwatch.cli.observed": "commands",
     "cgwatch.cli.replay": "commands",
     "cgwatch.cli.ckptwatch": "commands",
+    "cgwatch.cli.savedelay": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.runverbose": "commands",

@@ -117,8 +117,9 @@ def _paragraphs(*texts: str) -> str:
 GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches this "
               "cgroup, CMD's: when headroom falls below --reserve (plus 1.25 x the largest "
               "piece CMD took twice), when the working set is "
-              "predicted to reach a limit sooner than a save takes (--checkpoint-seconds x "
-              "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
+              "predicted to reach a limit sooner than a save takes ((--save-delay + "
+              "--checkpoint-seconds) x 1.5), when another process of the cgroup is "
+              "OOM-killed, or after 30 s of "
               "throttling above memory.high (v2), it says why on stderr and sends CMD "
               "--signal once (default SIGTERM; SIGUSR1 is what Lightning's Slurm support "
               "answers with a checkpoint). CMD should save on it and exit 0 (or 75): then "
@@ -236,6 +237,11 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      metavar="SECONDS",
                      help="--guard: what CMD's save takes (default: CMD's working set at "
                           "100 MiB/s, at least 1 s)")
+    run.add_argument("--save-delay", type=_checkpoint_seconds, default=None,
+                     metavar="SECONDS",
+                     help="--guard: how long CMD waits after the signal before it saves "
+                          "(HF's TrainingArguments(enable_jit_checkpoint=True): 3, then its "
+                          "next step); the guard's lead holds it: (it + the save) x 1.5")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                      help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR): "
                           "the saves CMD writes there set the guard's lead, kept for the "

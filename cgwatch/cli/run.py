@@ -233,7 +233,9 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
                                               ("--checkpoint-dir",
                                                getattr(args, "checkpoint_dir", None)),
                                               ("--observe", getattr(args, "observe", None)),
-                                              ("--record", getattr(args, "record", None)))
+                                              ("--record", getattr(args, "record", None)),
+                                              ("--save-delay",
+                                               getattr(args, "save_delay", None)))
                      if value is not None]
     if getattr(args, "restarts", None) is not None:
         guard_options.append("--restarts")
