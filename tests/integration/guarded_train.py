@@ -28,8 +28,8 @@ process exits.
 
 The evaluation modes (hf, lightning; tests/integration/test_guard_evaluation.py): an
 evaluation every EVAL_AT steps that gathers its predictions, ~8 MiB a batch of EVAL_BATCH,
-SHAPE_MIB MiB in all (HF: the Trainer's own gathering of the logits, kept per batch,
-`eval_do_concat_batches=False`; Lightning: the documented `validation_step_outputs` list,
+SHAPE_MIB MiB in all (HF: the Trainer's own gathering of the logits for its
+`compute_metrics`, kept per batch, `eval_do_concat_batches=False`; Lightning: the documented `validation_step_outputs` list,
 cleared at the epoch's end), with the adapter's GuardCallback() and its documented
 defaults: evalguard (the evaluation gathers past the limit), evalresume (evalguard's job
 resumed from the newest checkpoint), evalreference (the same job, no guard), evalspike (a
@@ -66,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -162,6 +163,7 @@ class Job:
         self.result["steps_done"] = self.done_steps
         self.result["peak_usage"] = self.peak_usage
         self.result["eval_batches"] = self.eval_batches
+        self.result["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.result["train_seconds"] = time.monotonic() - self.result.get("started", 0.0)
         if verdict is not None:
             self.result["verdict"] = {
@@ -339,7 +341,8 @@ def hf(job: Job) -> None:
     elif job.mode == "requeue":
         callbacks.append(OnSigterm())
     trainer = Recording(model=model, args=args, train_dataset=Tokens(), eval_dataset=eval_set,
-                        callbacks=callbacks)
+                        callbacks=callbacks,
+                        compute_metrics=_batches_seen if job.mode in EVAL else None)
     resume = job.result["resumed_from"] = _last_hf_checkpoint(job.checkpoint) \
         if job.mode in ("resume", "requeue", "evalresume") else None
     with _result_on_exit(job, guard, lambda: _last_hf_checkpoint(job.checkpoint)):
@@ -350,6 +353,12 @@ def hf(job: Job) -> None:
     if job.mode in HEALTHY and guard is not None:
         _record_checkpoint_size(job, guard, _last_hf_checkpoint(job.checkpoint))
     job.write()
+
+
+def _batches_seen(prediction: Any) -> dict[str, float]:
+    """A metric, so that the Trainer keeps every batch's logits to the evaluation's end (it
+    keeps only the losses when it has no `compute_metrics`)."""
+    return {"batches": float(len(prediction.predictions))}
 
 
 @contextlib.contextmanager

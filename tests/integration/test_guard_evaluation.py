@@ -94,8 +94,9 @@ def checkpoint_of(framework: str, out: Path, step: int) -> Path:
         path = directory / f"checkpoint-{step}"
         state = json.loads((path / "trainer_state.json").read_text())
         assert state["global_step"] == step, state
-        assert {"model.safetensors", "optimizer.pt", "rng_state.pth"} <= \
-            {p.name for p in path.iterdir()}
+        names = {p.name for p in path.iterdir()}
+        assert {"model.safetensors", "optimizer.pt"} <= names, names
+        assert "rng_state.pth" in names or "rng_state_1.pth" in names, names  # 1 or 2 ranks
         return path
     return directory / f"guard-step={step}.ckpt"
 
