@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Optional
 
 from cgwatch.integrations._guarded import GuardUser, LazyClass
@@ -144,7 +145,7 @@ def _trainer_holding(callback: Any, depth: int = 8) -> Any:
     optimizer and data loaders but not itself (only its own JIT-checkpoint callback is
     given it, `set_trainer`), and a save in the middle of an evaluation needs its
     `_save_checkpoint`."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     for _ in range(depth):
         if frame is None:
             break

@@ -24,21 +24,22 @@ guard's estimate of it go to the result): sawtooth (a temporary of SHAPE_MIB MiB
 SAW_PERIOD-th step, kept for half the period, then freed) and step (SHAPE_MIB MiB written
 at step STEP_AT and kept to the end: a plateau). Every
 step's loss, the guard's verdict and the checkpoint go to OUT/<mode>-rank<r>.json before the
-process exits.
+process exits. The models are built here (nothing is downloaded); the data are seeded random
+numbers.
 
 The evaluation modes (hf, lightning; tests/integration/test_guard_evaluation.py): an
 evaluation every EVAL_AT steps that gathers its predictions, ~8 MiB a batch of EVAL_BATCH,
 SHAPE_MIB MiB in all (HF: the Trainer's own gathering of the logits for its
-`compute_metrics`, kept per batch, `eval_do_concat_batches=False`; Lightning: the documented `validation_step_outputs` list,
-cleared at the epoch's end), with the adapter's GuardCallback() and its documented
-defaults: evalguard (the evaluation gathers past the limit), evalresume (evalguard's job
-resumed from the newest checkpoint), evalreference (the same job, no guard), evalspike (a
-healthy evaluation, near the limit), evalonecgroup (hf as two ranks, rank 1 alone in a
-limited cgroup as in onecgroup, with a reserve for its late agreement, GUARD_RANKS_EVAL;
-$GUARDTEST_EVAL_MIB, when set, replaces SHAPE_MIB). The HF model has dropout there, so that the resume is
-exact only if the RNG states saved in the evaluation are the ones an uninterrupted run
-trains on after it. The result also counts the evaluation batches seen (`eval_batches`). The models are built here (nothing is downloaded); the data are seeded random
-numbers.
+`compute_metrics`, kept per batch, `eval_do_concat_batches=False`; Lightning: the documented
+`validation_step_outputs` list, cleared at the epoch's end), with the adapter's
+GuardCallback() and its documented defaults: evalguard (the evaluation gathers past the
+limit), evalresume (evalguard's job resumed from the newest checkpoint), evalreference (the
+same job, no guard), evalspike (a healthy evaluation, near the limit), evalonecgroup (hf as
+two ranks, rank 1 alone in a limited cgroup as in onecgroup, with a reserve for its late
+agreement, GUARD_RANKS_EVAL; $GUARDTEST_EVAL_MIB, when set, replaces SHAPE_MIB). The HF model
+has dropout there, so that the resume is exact only if the RNG states saved in the
+evaluation are the ones an uninterrupted run trains on after it. The result also counts the
+evaluation batches seen (`eval_batches`) and the process's highest RSS (`max_rss_kib`).
 
 The leak is LEAK_MIB MiB of written bytes after every step (a calloc'ed zero buffer may not
 be charged), on the last rank only; in onecgroup mode on rank $GUARDTEST_CGROUP_RANK only,
