@@ -3,7 +3,7 @@ users meet most is an evaluation gathering its predictions, and the adapters onc
 only after training steps (the Trainer with `GuardCallback()` was OOM-killed in its
 evaluation, 2 of 2, nothing saved). In a real v1 memory cgroup, torch on the CPU, tiny models
 built locally (tests/integration/guarded_train.py's evaluation modes: an evaluation after
-steps 20 and 40 that keeps ~8 MiB of predictions a batch), the adapters with their
+steps 20 and 40 that keeps ~8 MiB of predictions a batch, 800 MiB in all), the adapters with their
 documented defaults, `GuardCallback()`:
 
 - HF's Trainer and Lightning, one process, an evaluation that gathers past the limit: the
@@ -46,10 +46,10 @@ from tests.integration.test_guard_training import LAUNCH, TRAIN  # noqa: E402
 
 EVAL_AT = 20  # guarded_train.EVAL_AT: evaluations after steps 20 and 40
 STEPS = 40
-LIMIT = 1024 * MiB  # torch + a framework take ~350-450 MiB of it
-ROOMY = 3072 * MiB  # the uninterrupted run: its evaluation's 1.6 GiB fit
-GATHERED_MIB = 1600  # an evaluation's predictions in all: 200 batches of 8 MiB, past LIMIT
-SPIKE_MIB = 400  # the healthy evaluation's: 50 batches, to 80-95 % of SPIKE_LIMIT
+LIMIT = 768 * MiB  # torch + a framework take ~250-450 MiB of it
+ROOMY = 2048 * MiB  # the uninterrupted run: its evaluation's 800 MiB fit
+GATHERED_MIB = 800  # an evaluation's predictions in all: 100 batches of 8 MiB, past LIMIT
+SPIKE_MIB = 440  # the healthy evaluation's: 55 batches, to 80-95 % of SPIKE_LIMIT
 SPIKE_LIMIT = 1024 * MiB
 TIMEOUT = 420  # at load 10-20 one run's imports alone took up to 100 s (8 s unloaded)
 
