@@ -19,7 +19,6 @@ first check).
 from __future__ import annotations
 
 import json
-import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ import pytest
 from cgwatch import GUARD_EXIT_STATUS, Guard, Monitor
 from cgwatch.testdoor import build_callback_class
 from tests.fake_tree import FakeHost, GiB
+from tests.test_checkpoint_size import fake_frameworks  # noqa: F401 - a fixture: the bases
 
 GO = "1G"  # reserve: 90 MiB used of 4 GiB, far above it
 STOP = 8 * GiB  # reserve above the limit: every check says stop
@@ -38,7 +38,7 @@ STOP = 8 * GiB  # reserve above the limit: every check says stop
 @pytest.fixture
 def monitor(tmp_path: Path) -> Iterator[Monitor]:
     host = FakeHost(str(tmp_path / "host"), 2, cgroup_path="/job")
-    host.make_path({"/job": 4 * GiB})  # usage 100 MiB, inactive 10 MiB: working set 90 MiB
+    host.make_path({"/job": 4 * GiB})  # working set 90 MiB (test_checkpoint_size's)
     with Monitor(host.root, thread=False) as m:
         yield m
 
@@ -52,20 +52,6 @@ def saves_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     return directory
-
-
-@pytest.fixture
-def fake_frameworks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`transformers.TrainerCallback` and `lightning.pytorch.Callback` as plain classes."""
-    transformers = types.ModuleType("transformers")
-    transformers.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
-    lightning = types.ModuleType("lightning")
-    pytorch = types.ModuleType("lightning.pytorch")
-    pytorch.Callback = type("Callback", (), {})  # type: ignore[attr-defined]
-    lightning.pytorch = pytorch  # type: ignore[attr-defined]
-    for name, module in (("transformers", transformers), ("lightning", lightning),
-                         ("lightning.pytorch", pytorch)):
-        monkeypatch.setitem(sys.modules, name, module)
 
 
 # ---- Hugging Face -----------------------------------------------------------------------------
