@@ -15,7 +15,7 @@ documented defaults, `GuardCallback()`:
   then stops again, saved, in its next evaluation. The HF model trains with dropout: equal
   losses also say the RNG states saved in the evaluation are those the uninterrupted run
   trained on after it.
-- HF, a healthy evaluation that takes the job to 80-95 % of its limit and lets go: not
+- HF, a healthy evaluation that takes the job to 78-95 % of its limit and lets go: not
   stopped, it runs to its end (exit 0, no OOM kill).
 - HF as two gloo ranks under torchrun, under `cgwatch run` (rank 1 alone in a limited
   cgroup, as in test_guard_ranks_trainers.py; both ranks gather both ranks' predictions):
@@ -49,7 +49,9 @@ STEPS = 40
 LIMIT = 768 * MiB  # torch + a framework take ~250-450 MiB of it
 ROOMY = 2048 * MiB  # the uninterrupted run: its evaluation's 800 MiB fit
 GATHERED_MIB = 800  # an evaluation's predictions in all: 100 batches of 8 MiB, past LIMIT
-SPIKE_MIB = 440  # the healthy evaluation's: 55 batches, to 80-95 % of SPIKE_LIMIT
+SPIKE_MIB = 440  # the healthy evaluation's: 55 batches, to 78-95 % of SPIKE_LIMIT
+# (seen: 80.6-89.8 %, 4 runs at load 10-15; the cgroup's page cache moves it by ~100 MiB,
+# and 460 MiB once reached 95 %, where the reserve stops a job by design)
 SPIKE_LIMIT = 1024 * MiB
 TIMEOUT = 420  # at load 10-20 one run's imports alone took up to 100 s (8 s unloaded)
 
@@ -151,9 +153,9 @@ def test_a_healthy_evaluation_near_the_limit_is_not_stopped(
         f"the guard stopped a healthy evaluation: {(got.result or {}).get('verdict')}"
     assert got.rc == 0 and got.oom_kills == 0, got.log
     assert steps(got.result) == list(range(1, STEPS + 1))
-    assert got.result["eval_batches"] == 2 * SPIKE_MIB // 8  # both evaluations, whole
+    assert got.result["eval_batches"] == 2 * -(-SPIKE_MIB // 8)  # both evaluations, whole
     # The premise: the evaluations took the job near its limit.
-    assert 0.80 * SPIKE_LIMIT <= got.peak <= 0.95 * SPIKE_LIMIT, got.peak / SPIKE_LIMIT
+    assert 0.78 * SPIKE_LIMIT <= got.peak <= 0.95 * SPIKE_LIMIT, got.peak / SPIKE_LIMIT
 
 
 RANKS_GATHERED_MIB = 800  # each rank holds both ranks' predictions: 16 MiB a batch
