@@ -14,7 +14,11 @@ cases:
   cgroup (a private mount namespace with that directory bind-mounted there, as a container
   runtime shows a container its own cgroup): what Ray does when it sees the limit;
 - `cgwatch`: the adapter (cgwatch.integrations.ray.guard_step every step);
-- `psutil`: only the psutil switch (CGWATCH_PSUTIL=1 in every Python process of the node).
+- `psutil`: only the psutil switch (CGWATCH_PSUTIL=1 in every Python process of the node);
+  on a v1 host `ray.init` then fails: its node total is psutil's (the job's limit) but its
+  used memory the root cgroup's (the whole host's), so the memory left for tasks is negative;
+- `psutil-sized`: the switch, and `ray.init(object_store_memory=, memory=)` given, so that
+  Ray starts: what its memory monitor (C++, in the raylet, no psutil) then does.
 And the healthy twin of each (`--shape healthy`): the same job whose leak is freed every
 SAWTOOTH steps, peaking near the limit: nothing should stop or kill it.
 
@@ -52,7 +56,10 @@ LEAK_MIB = 8
 SAWTOOTH = 25
 MAX_FAILURES = 5
 STEP_SECONDS = 0.05
-CASES = ("alone", "alone-sees-cgroup", "cgwatch", "psutil")
+CASES = ("alone", "alone-sees-cgroup", "cgwatch", "psutil", "psutil-sized")
+# The Ray node's sizes given to ray.init, for `psutil-sized`: with only the psutil switch
+# Ray's own sizing fails (module docstring).
+SIZED = {"object_store_memory": 256 * MiB, "memory": 1024 * MiB}
 # The psutil switch as its .pth line runs it (cgwatch.integrations.switches.pth_line), from
 # a sitecustomize.py on PYTHONPATH: the same switch in every Python process of the node
 # (workers inherit the driver's environment), without writing into the venv.
@@ -68,6 +75,8 @@ def job_config(case: str, shape: str, root: str, **extra: Any) -> dict[str, Any]
     }
     if shape == "healthy":
         config["sawtooth"] = SAWTOOTH
+    if case == "psutil-sized":
+        config["ray_init"] = SIZED
     config.update(extra)
     return config
 
@@ -77,7 +86,7 @@ def environment(case: str, root: str) -> dict[str, str]:
     (Ray 2.60 writes /root/.ray/auth_token otherwise), temporary files in the run's dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CGWATCH", "RAY_"))}
     path = [cgroups.PROJECT]
-    if case == "psutil":
+    if case.startswith("psutil"):
         site = os.path.join(root, "site")
         os.makedirs(site, exist_ok=True)
         with open(os.path.join(site, "sitecustomize.py"), "w") as f:
@@ -133,10 +142,10 @@ def step_lines(root: str) -> dict[int, list[dict[str, Any]]]:
     return lines
 
 
-def ray_kills(root: str) -> int:
+def ray_kills(ray_dir: str) -> int:
     """Workers Ray's memory monitor killed: its raylet logs' "Killing N worker(s)"."""
     total = 0
-    for path in glob.glob(os.path.join(root, "ray", "session_*", "logs", "raylet*.out")):
+    for path in glob.glob(os.path.join(ray_dir, "session_*", "logs", "raylet*.out")):
         with open(path, errors="replace") as f:
             total += sum(int(n) for n in re.findall(r"Killing (\d+) worker\(s\)", f.read()))
     return total
@@ -164,6 +173,7 @@ TOLD = (
     re.compile(r"Some common causes include: \(1\) the process was killed by the OOM killer"),
     re.compile(r"SIGKILL[^\n]{0,120}"),
     re.compile(r"OutOfMemoryError[^\n]{0,160}"),
+    re.compile(r"ValueError: After taking into account object store[^\n]{0,200}"),
 )
 
 
@@ -183,7 +193,7 @@ def measure(case: str, shape: str, *, limit: int = LIMIT, keep: Optional[str] = 
             timeout: float = 900, **extra: Any) -> dict[str, Any]:
     """One run of the job in a fresh cgroup limited to `limit`: the figures (module
     docstring). The run's directory is removed unless `keep` names where to copy it."""
-    root = tempfile.mkdtemp(prefix=f"cgwatch-ray-{case}-")
+    root = tempfile.mkdtemp(prefix="cgw-ray-")  # short: Ray's socket paths (AF_UNIX, 107 B)
     try:
         config = job_config(case, shape, root, **extra)
         with cgroups.cgroup_tree() as tree:
@@ -210,7 +220,7 @@ def measure(case: str, shape: str, *, limit: int = LIMIT, keep: Optional[str] = 
         return {
             "case": case, "shape": shape, "limit": limit, "rc": run["rc"],
             "end": result.get("end", "no result"), "guard_stop": result.get("guard_stop"),
-            "oom_kills_kernel": kernel, "oom_kills_ray": ray_kills(root),
+            "oom_kills_kernel": kernel, "oom_kills_ray": ray_kills(os.path.join(root, "ray")),
             "attempts": attempts,
             "steps_twice": twice,
             "last_step": min(max(s) if s else 0 for s in steps.values()),

@@ -8,8 +8,10 @@ steps trained twice and compare losses with an uninterrupted run's.
     python bench/ray_train_job.py CONFIG_JSON
 
 CONFIG_JSON keys (all optional but `dir`):
-- dir: the run's directory (Ray's session dir `ray/`, storage `storage/`, step lines
-  `steps/rank<R>.jsonl`, the result `result.json`);
+- dir: the run's directory (Ray's session dir `ray/` unless `ray_dir` names another: the
+  path of its sockets must stay under 107 bytes; storage `storage/`, step lines
+  `steps/rank<R>.jsonl`);
+- ray_init: more keyword arguments of `ray.init` (`object_store_memory`, `memory`);
 - guard: "cgwatch" (cgwatch.integrations.ray.guard_step every step) or "none";
 - steps, every (a scheduled checkpoint every `every` steps; 0: none), max_failures;
 - leak_mib (written after every step by rank `leak_rank`), ballast_mib (written once before
@@ -34,10 +36,9 @@ LEAK: list[bytes] = []
 
 
 def train_loop(config: dict[str, Any]) -> None:
+    import ray.train
     import torch
     import torch.distributed as dist
-
-    import ray.train
     from ray.train.torch import prepare_model
 
     rank = ray.train.get_context().get_world_rank()
@@ -71,44 +72,44 @@ def train_loop(config: dict[str, Any]) -> None:
         from cgwatch.integrations.ray import guard_step, report_checkpoint
 
         guard = cgwatch.Guard(**config.get("guard_kwargs", {}))
-    lines = open(os.path.join(config["dir"], "steps", f"rank{rank}.jsonl"), "a")
     if leaks and config.get("ballast_mib"):
         LEAK.append(b"\x01" * (config["ballast_mib"] << 20))
     every = config.get("every", 0)
-    for step in range(first, config["steps"] + 1):
-        g = torch.Generator().manual_seed(step * 1000 + rank)
-        x = torch.randn(64, 32, generator=g)
-        y = x.sum(dim=1, keepdim=True).sin()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        lines.write(json.dumps({"pid": os.getpid(), "step": step, "loss": loss.item(),
-                                "first": first}) + "\n")
-        lines.flush()
-        if leaks and config.get("leak_mib"):
-            sawtooth = config.get("sawtooth", 0)
-            if sawtooth and step % sawtooth == 0:
-                del LEAK[1 if config.get("ballast_mib") else 0:]
-            else:
-                LEAK.append(b"\x01" * (config["leak_mib"] << 20))
-        if config.get("step_seconds"):
-            time.sleep(config["step_seconds"])
-        metrics = {"loss": loss.item(), "step": step}
-        if guard is not None:
-            guard_step(guard, step, save, metrics=metrics, model=model,
-                       optimizers=[optimizer])
-        if every and step % every == 0:
+    path = os.path.join(config["dir"], "steps", f"rank{rank}.jsonl")
+    with open(path, "a") as lines:
+        for step in range(first, config["steps"] + 1):
+            g = torch.Generator().manual_seed(step * 1000 + rank)
+            x = torch.randn(64, 32, generator=g)
+            y = x.sum(dim=1, keepdim=True).sin()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            lines.write(json.dumps({"pid": os.getpid(), "step": step, "loss": loss.item(),
+                                    "first": first}) + "\n")
+            lines.flush()
+            if leaks and config.get("leak_mib"):
+                sawtooth = config.get("sawtooth", 0)
+                if sawtooth and step % sawtooth == 0:
+                    del LEAK[1 if config.get("ballast_mib") else 0:]
+                else:
+                    LEAK.append(b"\x01" * (config["leak_mib"] << 20))
+            if config.get("step_seconds"):
+                time.sleep(config["step_seconds"])
+            metrics = {"loss": loss.item(), "step": step}
             if guard is not None:
-                report_checkpoint(guard, save, metrics)
-            else:
-                import tempfile
+                guard_step(guard, step, save, metrics=metrics, model=model,
+                           optimizers=[optimizer])
+            if every and step % every == 0:
+                if guard is not None:
+                    report_checkpoint(guard, save, metrics)
+                else:
+                    import tempfile
 
-                with tempfile.TemporaryDirectory() as directory:
-                    save(directory)
-                    ray.train.report(metrics,
-                                     checkpoint=ray.train.Checkpoint.from_directory(directory))
-    lines.close()
+                    with tempfile.TemporaryDirectory() as directory:
+                        save(directory)
+                        ray.train.report(metrics,
+                                         checkpoint=ray.train.Checkpoint.from_directory(directory))
     dist.barrier()
 
 
@@ -121,8 +122,10 @@ def main() -> int:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=os.path.join(root, "ray"),
-             log_to_driver=True)
+    # Ray's session directory: its sockets' paths must stay under 107 bytes (AF_UNIX).
+    ray.init(num_cpus=2, include_dashboard=False,
+             _temp_dir=config.get("ray_dir") or os.path.join(root, "ray"),
+             **config.get("ray_init", {}))
     result: dict[str, Any] = {}
     try:
         trainer = TorchTrainer(

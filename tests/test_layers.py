@@ -99,6 +99,7 @@ LAYER = {
     "cgwatch.integrations._guarded": "public API",
     "cgwatch.integrations.transformers": "public API",
     "cgwatch.integrations.lightning": "public API",
+    "cgwatch.integrations.ray": "public API",
     "cgwatch.integrations.switches": "public API",
     # `cgwatch` itself: the module functions, the default monitor, the lazy names.
     "cgwatch": "package",
@@ -140,8 +141,8 @@ PUBLIC = {
     "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
     "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed",
     "cgwatch.integrations.deepspeed_guard", "cgwatch.integrations.transformers",
-    "cgwatch.integrations.lightning", "cgwatch.saves", "cgwatch.cli",
-    "cgwatch.cli.__main__",
+    "cgwatch.integrations.lightning", "cgwatch.integrations.ray", "cgwatch.saves",
+    "cgwatch.cli", "cgwatch.cli.__main__",
 }
 
 
@@ -166,6 +167,7 @@ IMPURE = frozenset({
 ADAPTERS = frozenset({
     "cgwatch.integrations.deepspeed", "cgwatch.integrations.deepspeed_guard",
     "cgwatch.integrations.transformers", "cgwatch.integrations.lightning",
+    "cgwatch.integrations.ray",
 })
 INTEGRATIONS_SHARED = frozenset({
     "cgwatch.integrations", "cgwatch.integrations.__main__", "cgwatch.integrations._autoload",
