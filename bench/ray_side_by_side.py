@@ -17,7 +17,7 @@ cases:
 - `psutil`: only the psutil switch (CGWATCH_PSUTIL=1 in every Python process of the node);
   on a v1 host `ray.init` then fails: its node total is psutil's (the job's limit) but its
   used memory the root cgroup's (the whole host's), so the memory left for tasks is negative;
-- `psutil-sized`: the switch, and `ray.init(object_store_memory=, memory=)` given, so that
+- `psutil-sized`: the switch, and `ray.init(object_store_memory=, _memory=)` given, so that
   Ray starts: what its memory monitor (C++, in the raylet, no psutil) then does.
 And the healthy twin of each (`--shape healthy`): the same job whose leak is freed every
 SAWTOOTH steps, peaking near the limit: nothing should stop or kill it.
@@ -59,7 +59,7 @@ STEP_SECONDS = 0.05
 CASES = ("alone", "alone-sees-cgroup", "cgwatch", "psutil", "psutil-sized")
 # The Ray node's sizes given to ray.init, for `psutil-sized`: with only the psutil switch
 # Ray's own sizing fails (module docstring).
-SIZED = {"object_store_memory": 256 * MiB, "memory": 1024 * MiB}
+SIZED = {"object_store_memory": 256 * MiB, "_memory": 1024 * MiB}
 # The psutil switch as its .pth line runs it (cgwatch.integrations.switches.pth_line), from
 # a sitecustomize.py on PYTHONPATH: the same switch in every Python process of the node
 # (workers inherit the driver's environment), without writing into the venv.
@@ -246,15 +246,13 @@ def row(m: dict[str, Any]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--shapes", default="leak,healthy")
+    for option, default in (("--cases", ",".join(CASES)), ("--shapes", "leak,healthy"),
+                            ("--json", None)):
+        parser.add_argument(option, default=default)
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--json", help="write every run's figures here")
     args = parser.parse_args(argv)
-    why = cgroups.unavailable_reason()
-    if why:
-        print(f"bench.ray_side_by_side: needs real cgroups: {why}", file=sys.stderr)
-        return 2
+    if cgroups.unavailable_reason():
+        sys.exit(f"bench.ray_side_by_side: needs real cgroups: {cgroups.unavailable_reason()}")
     runs = []
     print("| case | shape | end | OOM kills (kernel) | OOM kills (Ray) | attempts | "
           "steps trained twice | wall |")

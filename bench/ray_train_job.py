@@ -11,7 +11,7 @@ CONFIG_JSON keys (all optional but `dir`):
 - dir: the run's directory (Ray's session dir `ray/` unless `ray_dir` names another: the
   path of its sockets must stay under 107 bytes; storage `storage/`, step lines
   `steps/rank<R>.jsonl`);
-- ray_init: more keyword arguments of `ray.init` (`object_store_memory`, `memory`);
+- ray_init: more keyword arguments of `ray.init` (`object_store_memory`, `_memory`);
 - guard: "cgwatch" (cgwatch.integrations.ray.guard_step every step) or "none";
 - steps, every (a scheduled checkpoint every `every` steps; 0: none), max_failures;
 - leak_mib (written after every step by rank `leak_rank`), ballast_mib (written once before
