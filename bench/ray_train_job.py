@@ -20,8 +20,9 @@ CONFIG_JSON keys (all optional but `dir`):
 - rank_cgroup: a cgroup directory the leaking rank moves itself into before anything else;
 - step_seconds: a sleep per step (a slower job gives the guard more steps).
 
-Prints `RESULT {json}` (the run's end: "finished", or the error and whether the guard's
-stops used up max_failures) and exits 0 unless the driver itself failed.
+Prints `RESULT {json}` (the run's end: "finished"; "exit 75" when the guard's stops used up
+max_failures, from the adapter's `fit`; or "failed" and the error) and exits 0 unless the
+driver itself failed.
 """
 
 from __future__ import annotations
@@ -134,12 +135,17 @@ def main() -> int:
             run_config=RunConfig(
                 name="job", storage_path=os.path.join(root, "storage"),
                 failure_config=FailureConfig(max_failures=config.get("max_failures", 3))))
-        try:
-            trainer.fit()
-            result["end"] = "finished"
-        except Exception as error:  # noqa: BLE001 - the run's end is what is measured
-            from cgwatch.integrations.ray import stopped_by_guard
+        from cgwatch.integrations.ray import fit, stopped_by_guard
 
+        try:
+            if config.get("guard") == "cgwatch":
+                fit(trainer)  # the adapter's: exit 75 when the stops used up max_failures
+            else:
+                trainer.fit()
+            result["end"] = "finished"
+        except SystemExit as exit:
+            result["end"] = f"exit {exit.code}"
+        except Exception as error:  # noqa: BLE001 - the run's end is what is measured
             result["end"] = "failed"
             result["error"] = f"{type(error).__name__}: {error}"[:2000]
             result["guard_stop"] = stopped_by_guard(error) is not None
