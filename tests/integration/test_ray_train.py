@@ -131,4 +131,4 @@ def test_stop_report_restart_resume_equals_an_uninterrupted_run(
     assert os.path.exists(os.path.expanduser("~/.ray")) == had_home_ray
     stops = [line for line in output.splitlines() if "cgwatch guard: save and stop" in line]
     print(f"ray test: {time.monotonic() - started:.0f} s (guarded {guarded['wall']} s, "
-          f"reference {reference['wall']} s); stop at step {stop}: {stops[:2]}")
+          f"reference {reference['wall']} s); stops at steps {stop}, {last}: {stops[:1]}")
