@@ -105,6 +105,7 @@ LAYER = {
     "cgwatch.integrations._guarded": "public API",
     "cgwatch.integrations.transformers": "public API",
     "cgwatch.integrations.lightning": "public API",
+    "cgwatch.integrations.ray": "public API",
     "cgwatch.integrations.switches": "public API",
     # `cgwatch` itself: the module functions, the default monitor, the lazy names.
     "cgwatch": "package",
@@ -151,8 +152,8 @@ PUBLIC = {
     "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
     "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed",
     "cgwatch.integrations.deepspeed_guard", "cgwatch.integrations.transformers",
-    "cgwatch.integrations.lightning", "cgwatch.saves", "cgwatch.cli",
-    "cgwatch.cli.__main__",
+    "cgwatch.integrations.lightning", "cgwatch.integrations.ray", "cgwatch.saves",
+    "cgwatch.cli", "cgwatch.cli.__main__",
 }
 
 
@@ -178,6 +179,7 @@ IMPURE = frozenset({
 ADAPTERS = frozenset({
     "cgwatch.integrations.deepspeed", "cgwatch.integrations.deepspeed_guard",
     "cgwatch.integrations.transformers", "cgwatch.integrations.lightning",
+    "cgwatch.integrations.ray",
 })
 INTEGRATIONS_SHARED = frozenset({
     "cgwatch.integrations", "cgwatch.integrations.__main__", "cgwatch.integrations._autoload",
