@@ -83,7 +83,7 @@ def job_config(case: str, shape: str, root: str, **extra: Any) -> dict[str, Any]
 
 def environment(case: str, root: str) -> dict[str, str]:
     """The driver's environment: this checkout first on the path, no token file in ~/.ray
-    (Ray 2.60 writes /root/.ray/auth_token otherwise), temporary files in the run's dir."""
+    (Ray 2.60 writes ~/.ray/auth_token otherwise), temporary files in the run's dir."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CGWATCH", "RAY_"))}
     path = [cgroups.PROJECT]
     if case.startswith("psutil"):
