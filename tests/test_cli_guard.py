@@ -275,3 +275,19 @@ def test_find_saved_names_the_newest_entry_changed_since(tmp_path: Any) -> None:
     assert find_saved(d, 150.0) == os.path.join(d, "step-41")
     assert find_saved(d, 301.0) is None
     assert find_saved(os.path.join(d, "missing"), 0.0) is None
+
+
+def test_find_saved_prefers_a_checkpoint_named_by_its_step_to_a_newer_log(
+        tmp_path: Any) -> None:
+    # An HF job under --save-delay appends its losses in the checkpoint directory after
+    # checkpoint-1128/ was written: the checkpoint is what was saved, not the log.
+    d = str(tmp_path)
+    for name, mtime in (("checkpoint-1000", 100.0), ("checkpoint-1128", 200.0),
+                        ("losses.log", 210.0)):
+        if name.startswith("checkpoint"):
+            os.mkdir(os.path.join(d, name))
+        else:
+            open(os.path.join(d, name), "w").close()
+        os.utime(os.path.join(d, name), (mtime, mtime))
+    assert find_saved(d, 150.0) == os.path.join(d, "checkpoint-1128")
+    assert find_saved(d, 205.0) == os.path.join(d, "losses.log")  # no checkpoint since

@@ -28,6 +28,7 @@ from .child import exit_status
 from .ckptwatch import STATE_NAME, SaveWatch
 from .explain import signal_name
 from .observed import ObservedRun, observe_options
+from .restarts import parse_step
 from .savedelay import killed_line, seconds_text, timed_save
 
 if TYPE_CHECKING:
@@ -144,8 +145,12 @@ def outcome_line(name: str, returncode: int, signum: int, seconds: float,
 def find_saved(directory: str, since: float) -> Optional[str]:
     """The newest entry of `directory` changed at or after `since` (time.time()), or None:
     what a save into it wrote (a file, or a checkpoint directory whose mtime moved as its
-    files were made)."""
-    newest: Optional[tuple[float, str]] = None
+    files were made). An entry named with a step (restarts.parse_step: HF's checkpoint-120,
+    Lightning's step=120.ckpt) wins over a newer one without: a log the job appends in the
+    same directory (a loss log, TensorBoard's events) is written after the save too, and
+    was named as the checkpoint (an HF job with enable_jit_checkpoint, 1 of 4 runs), which
+    lost the step its restart resumes from."""
+    newest: Optional[tuple[bool, float, str]] = None
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
@@ -155,11 +160,12 @@ def find_saved(directory: str, since: float) -> Optional[str]:
                     mtime = entry.stat(follow_symlinks=False).st_mtime
                 except OSError:
                     continue  # removed meanwhile
-                if mtime >= since - MTIME_SLACK and (newest is None or mtime > newest[0]):
-                    newest = (mtime, entry.path)
+                key = (parse_step(entry.name) is not None, mtime, entry.path)
+                if mtime >= since - MTIME_SLACK and (newest is None or key[:2] > newest[:2]):
+                    newest = key
     except OSError:
         return None
-    return None if newest is None else newest[1]
+    return None if newest is None else newest[2]
 
 
 class GuardThread:

@@ -124,17 +124,29 @@ def test_a_rank_killed_at_the_save_is_not_75(
 # ranks, torchrun starts the group again (TORCHELASTIC_RESTART_COUNT=1), and attempt 1 ends
 # as argv[1] says. Only the newest attempt's records count.
 RESTARTED = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     from cgwatch import saves
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     saves.record_start(rank, local)
+
+    def saved(step):
+        # A collective save: no rank leaves before every rank saved (a real job's save ends
+        # in a barrier). Without it, rank 0's 75 made torchrun (--monitor-interval 0.1)
+        # SIGTERM rank 1 before it recorded its save, at load 13: "only 1 of 2 ranks".
+        saves.record_save(rank, local, step)
+        here = os.path.dirname(os.path.abspath(__file__))
+        open(os.path.join(here, f"saved-{attempt}-{rank}"), "w").close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+                os.path.exists(os.path.join(here, f"saved-{attempt}-{r}")) for r in range(local)):
+            time.sleep(0.01)
+        sys.exit(75)
+
     if attempt == 0:
-        saves.record_save(rank, local, 10)
-        sys.exit(75)
+        saved(10)
     if sys.argv[1] == "stop-again":
-        saves.record_save(rank, local, 20)
-        sys.exit(75)
+        saved(20)
     sys.exit(1 if sys.argv[1] == "fail" and rank == 1 else 0)
 """)
 

@@ -50,8 +50,9 @@ STEPS = 200  # each attempt is stopped ~60 steps into its life (the bench's figu
 def ray_dir() -> Iterator[Path]:
     """The Ray nodes' session directories: a short path of the test's own (Ray refuses a
     session whose sockets' paths exceed AF_UNIX's 107 bytes, which pytest's tmp_path
-    would), removed afterwards."""
-    path = Path(tempfile.mkdtemp(prefix="cgw-ray-"))
+    would), removed afterwards. In /tmp itself, not under $TMPDIR: scripts/test points
+    TMPDIR into its run's directory, and under it a socket's path was 117 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="cgw-ray-", dir="/tmp"))
     try:
         yield path
     finally:
