@@ -10,13 +10,13 @@ before the kernel's OOM killer ends the job or memory.high throttling stalls it.
                     save_checkpoint()
                 guard.exit(verdict)           # its line on stderr, exit 75 (policy.py: why)
 
-What it decides is policy.py (the triggers, their order, the exit status, what a save
-takes, the largest rise); how it predicts is forecast.py, one forecast per level kept by
-trends.py's `LevelTrends` (as for the `cgwatch` table, `watch` and the Prometheus gauges);
-when it samples is sampling.py. This object samples and delivers, reading only through a
-monitor's public API (`available_memory()`, `levels()`, `status`, and `layout()`'s kept
-descriptors for a v2 level's `memory.pressure`) and the `Events` of that monitor (OOM kills
-and v2 `high` rises on the path): it does no I/O of its own.
+Everything that decides (when to sample, the forecast, the largest rise, the reserve, the
+lead, the verdict) is one pure object, decision.py's `Decision` (`guard.decision`), fed the
+time and the figures read; its docstring says when a job is stopped. This object is the
+shell around it: it reads only through a monitor's public API (`available_memory()`,
+`levels()`, `status`, and `layout()`'s kept descriptors for a v2 level's `memory.pressure`)
+and the `Events` of that monitor (OOM kills and v2 `high` rises on the path), agrees across
+ranks, and delivers (log, callbacks, exit): it does no I/O of its own.
 
 What a save takes (the lead is that times `margin`): the longest of the job's last saves
 timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when given; else
@@ -55,19 +55,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import names, policy, ranks, sampling, values
+from . import names, ranks, values
 from .alerts import Threshold
+from .decision import Decision, LevelSample
 from .frozen import replace
 from .logs import reaches_last_resort
-from .policy import EXIT_STATUS, LargestRise, Reading, Throttling, Verdict
-from .trends import LevelTrends
+from .policy import EXIT_STATUS, Verdict
+from .trends import forecastable, working_set
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .events import Events
     from .monitor import Monitor
     from .ranks import Ranks
@@ -78,12 +80,10 @@ GUARD_EXIT_STATUS = EXIT_STATUS
 log = logging.getLogger("cgwatch")
 _monotonic = time.monotonic
 _KILLS = ("oom_kill", "oom_group_kill")
-_SAVES_KEPT = 5  # the longest of the last few saves is the checkpoint time
-_GAPS_KEPT = 5  # samples over which the longest time between two checks is kept in the lead
 
 
 class Guard:
-    """Decides *save and stop* for the job in this process's cgroup (policy.py).
+    """Decides *save and stop* for the job in this process's cgroup (decision.py).
 
     `monitor`: whose levels to guard (default: the process-wide one). `reserve`: headroom
     to keep at every limited level, bytes or a size ("512M") or a share of that level's
@@ -123,57 +123,25 @@ class Guard:
             monitor = default_monitor()
         if pressure not in ("some", "full"):
             raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
-        rate = _size(write_rate)
-        size = None if checkpoint_bytes is None else _size(checkpoint_bytes)
-        if (checkpoint_seconds is not None and checkpoint_seconds < 0) or margin < 1 \
-                or interval < 0 or near_interval < 0 or not 0 <= jitter < 1 \
-                or throttle_seconds < 0 or sync_every < 0 or rise_margin < 0 or rate <= 0 \
-                or (size is not None and size < 0):
-            raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
-                             "0 <= jitter < 1, throttle_seconds >= 0, sync_every >= 0, "
-                             "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
-        threshold = reserve if isinstance(reserve, Threshold) else (
-            Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
+        if sync_every < 0:
+            raise ValueError("guard: sync_every >= 0")
+        self._decision = Decision(
+            reserve=reserve, rise_margin=rise_margin, checkpoint_seconds=checkpoint_seconds,
+            checkpoint_bytes=checkpoint_bytes, write_rate=write_rate, margin=margin,
+            interval=interval, jitter=jitter, near_interval=near_interval,
+            pressure_threshold=pressure_threshold, throttle_seconds=throttle_seconds,
+            bucket=bucket, span=span, window=window)
         self.monitor = monitor
-        self.reserve = threshold
-        self.margin = margin
-        self.rise_margin = rise_margin
-        self.interval = interval
-        self.jitter = jitter
-        self.near_interval = near_interval
-        self.write_rate = rate
-        self.checkpoint_bytes = size
         self.pressure = pressure
-        self.throttle_seconds = throttle_seconds
-        self._configured_checkpoint = None if checkpoint_seconds is None \
-            else float(checkpoint_seconds)
-        # The user said what a save takes (its time or its size): no estimate replaces it.
-        self._checkpoint_given = checkpoint_seconds is not None or size is not None
-        self._saves: deque[float] = deque(maxlen=_SAVES_KEPT)
-        self._last_check: Optional[float] = None  # when check() last ran (monotonic)
-        self._gap_now = 0.0  # the longest time between two checks since the last sample
-        self._gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # that, at the last samples
-        self._working_set = 0  # the guarded level's at the last sample (a save's estimate)
-        self._rise = LargestRise()
-        self._bound: Optional[int] = None  # the limit of the level that bounded the last sample
-        # The working-set forecast of each guarded level (trends.py, one owner of per-level
-        # forecasts); refuses a bad shape here, not at the first sample.
-        self._trends = LevelTrends(bucket=bucket, span=span, window=window)
-        self._throttling = Throttling(pressure_threshold)
-        self._psi: dict[str, tuple[float, int]] = {}  # path -> (time, total= us)
-        self._high_seen: dict[str, int] = {}  # path -> `high` rises counted at the last sample
         self._high_rises: dict[str, int] = {}  # path -> `high` rises (Events thread writes)
         self._killed = 0  # OOM kills on the path (Events thread writes, checks read)
         self._callbacks: list[Callable[[Verdict], None]] = []
         self._on_stderr = ""  # the stop line logging's last resort wrote on stderr (exit())
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
-        self._plan = sampling.FIRST  # when the next sample comes (sampling.py)
-        self._samples = 0  # samples taken: the next one's phase
-        self._verdict = Verdict(False, policy.OK, lead=self.lead)
         self.sync_every = sync_every
         self._ranks = ranks
         self._calls = 0  # checks since the ranks were found: every sync_every-th agrees
-        self._agreed = self._verdict  # what the ranks last agreed on
+        self._agreed = self._decision.verdict  # what the ranks last agreed on
         self._events: Optional[Events] = None
         self._own_events = False
         if events is True:
@@ -242,31 +210,36 @@ class Guard:
         raise SystemExit(GUARD_EXIT_STATUS)
 
     def _agreed_or_local(self) -> Verdict:
-        return self._agreed if self._ranks is not None else self._verdict
+        return self._agreed if self._ranks is not None else self._decision.verdict
 
     def _decide(self, step: Optional[int]) -> Verdict:
+        decision = self._decision
         now = _monotonic()
-        if self._last_check is not None and now - self._last_check > self._gap_now:
-            self._gap_now = now - self._last_check
-        self._last_check = now
-        available: Optional[int] = None
+        killed = self._killed
         try:
             available = self.monitor.available_memory()
-            self._rise.update(available, self._bound, now)
-            if not sampling.due(self._plan, now, available, near_interval=self.near_interval,
-                                stopped=self._verdict.stop, killed=self._killed):
-                return self._verdict  # its `step` is the one of the check that decided it
-            return self._sample(now, step, available)
+            if not decision.due(now, available, killed):
+                return decision.verdict  # its `step` is the one of the check that decided it
+            with self._lock:
+                previous = decision.verdict
+                verdict = decision.sample(now, available, self._read(), killed, step)
         except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
             log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
-            self._plan = replace(self._plan, due=now + max(self.interval, 1.0), near=-1,
-                                 killed=self._killed)
-            return self._verdict
+            decision.sampling_failed(now, self._killed)
+            return decision.verdict
+        if verdict.key() != previous.key():
+            self._announce(verdict)
+        return verdict
+
+    @property
+    def decision(self) -> Decision:
+        """The pure decision this guard feeds (decision.py)."""
+        return self._decision
 
     @property
     def verdict(self) -> Verdict:
         """The decision of the last sample."""
-        return self._verdict
+        return self._decision.verdict
 
     def subscribe(self, callback: Callable[[Verdict], None]) -> None:
         """Call `callback(verdict)` once per change of the decision (stop or not, trigger,
@@ -276,7 +249,7 @@ class Guard:
     def unsubscribe(self, callback: Callable[[Verdict], None]) -> None:
         self._callbacks = [c for c in self._callbacks if c != callback]
 
-    # ---- what a save takes --------------------------------------------------------------------
+    # ---- what a save takes (the decision's) ------------------------------------------------------
 
     @contextmanager
     def saving(self) -> Iterator[None]:
@@ -289,8 +262,7 @@ class Guard:
 
     def saved(self, seconds: float) -> None:
         """Report a save that took `seconds`."""
-        if seconds >= 0:
-            self._saves.append(float(seconds))
+        self._decision.saved(seconds)
 
     def estimate_checkpoint(self, nbytes: int) -> bool:
         """Take `nbytes` as a checkpoint's size, an estimate (the framework adapters count
@@ -298,36 +270,52 @@ class Guard:
         gave `checkpoint_seconds` or `checkpoint_bytes`; True when taken. Until then the
         size is the guarded level's working set, the most a checkpoint can hold; a save
         timed later (`saving()`, `saved()`) wins over either (policy.save_seconds)."""
-        if nbytes < 0:
-            raise ValueError(f"guard: a checkpoint's size is >= 0 bytes, not {nbytes}")
-        if self._checkpoint_given:
-            return False
-        self.checkpoint_bytes = int(nbytes)
-        return True
+        return self._decision.estimate_checkpoint(nbytes)
+
+    @property
+    def checkpoint_bytes(self) -> Optional[int]:
+        """A checkpoint's size: the user's, or the adapters' estimate (None: neither)."""
+        return self._decision.checkpoint_bytes
 
     @property
     def checkpoint_seconds(self) -> float:
         """What a save takes: the longest of the last saves reported, else the configured,
         else the estimate from the last sample's working set (module docstring)."""
-        return policy.save_seconds(self._saves, self._configured_checkpoint,
-                                   self.checkpoint_bytes, self._working_set, self.write_rate)
+        return self._decision.checkpoint_seconds
 
     @property
     def check_gap(self) -> float:
         """The longest time between two checks over the last few samples (seconds): a stop
         comes only at a check, so the forecast must leave that too (module docstring)."""
-        return max(self._gaps, default=0.0)
+        return self._decision.check_gap
 
     @property
     def lead(self) -> float:
         """Seconds the forecast must leave: checkpoint_seconds x margin, plus the time the
         next check may be away (`check_gap`)."""
-        return self.checkpoint_seconds * self.margin + self.check_gap
+        return self._decision.lead
 
     @property
     def rise(self) -> int:
         """The largest piece the job took twice so far (bytes; policy.LargestRise)."""
-        return self._rise.largest
+        return self._decision.rise
+
+    @property
+    def reserve(self) -> Threshold:
+        return self._decision.reserve
+
+    @property
+    def near_interval(self) -> float:
+        return self._decision.near_interval
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the job learned that its next life should start with (JSON-able; decision.py:
+        timed saves, an estimated checkpoint size, its pieces)."""
+        return self._decision.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Start from a previous life's `state_dict()` (missing or unknown keys skipped)."""
+        self._decision.load_state_dict(state)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -345,7 +333,7 @@ class Guard:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- sampling ------------------------------------------------------------------------------
+    # ---- reading ------------------------------------------------------------------------------
 
     def _on_event(self, item: Any) -> None:
         counter = getattr(item, "counter", None)
@@ -357,93 +345,41 @@ class Guard:
             path = item.cgroup_path
             self._high_rises[path] = self._high_rises.get(path, 0) + item.new - item.old
 
-    def _sample(self, now: float, step: Optional[int], available: Optional[int]) -> Verdict:
-        with self._lock:
-            killed = self._killed
-            readings = self._read(now)
-            limited = [r for r in readings if r.limit is not None and r.headroom is not None]
-            bound, self._bound = self._bound, None
-            if limited:  # the tightest level's working set: what a save may have to write
-                tight = min(limited, key=lambda r: r.headroom or 0)
-                self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
-                self._bound = bound_limit(available, tight)
-            if available is not None and self._bound != bound:
-                # The level just found teaches from this check on. Only then: this check's
-                # figure fed again under the same level is a check that did not fall.
-                self._rise.update(available, self._bound, now)
-            self._gaps.append(self._gap_now)
-            self._gap_now = 0.0
-            lead = self.lead
-            share = self.reserve.fraction
-            rise = int(self._rise.room(available) * self.rise_margin)
-            verdict = policy.decide(readings, reserve=self.reserve.bytes or 0, share=share,
-                                    lead=lead, throttle_seconds=self.throttle_seconds,
-                                    killed=killed, step=step, rise=rise)
-            floors = [policy.reserve_bytes(r.limit, self.reserve.bytes or 0, share) + rise
-                      for r in readings if r.limit is not None]
-            self._plan = sampling.plan(
-                now, interval=self.interval, jitter=self.jitter, k=self._samples,
-                floors=floors, growth=max([r.trend.growth for r in readings], default=0.0),
-                lead=lead, available=available, stopped=verdict.stop, killed=killed)
-            self._samples += 1
-            previous, self._verdict = self._verdict, verdict
-        if verdict.key() != previous.key():
-            self._announce(verdict)
-        return verdict
-
-    def _read(self, now: float) -> list[Reading]:
+    def _read(self) -> list[LevelSample]:
+        """The levels with a line (a limit or memory.high) and a working set, as the
+        decision takes them; a v2 level's PSI total read only where it has memory.high."""
         version: Optional[int] = None  # read only for a level with memory.high (v2's)
         kept: Optional[dict[str, Any]] = None  # layout()'s levels by path, when PSI is read
-        readings = []
-        levels = self.monitor.levels()
-        # The levels with a limit or memory.high and a read working set (trends.forecastable),
-        # each with its trend; a level no longer on the path is forgotten there.
-        trends = self._trends.add(now, levels)
-        for lvl in levels:
-            path = lvl.cgroup_path
-            trend = trends.get(path)
-            if trend is None:
+        samples = []
+        for lvl in self.monitor.levels():
+            if not forecastable(lvl):
                 continue
-            throttled_for, share = 0.0, None
+            path = lvl.cgroup_path
+            total: Optional[int] = None
             if lvl.high is not None:
                 if version is None:
                     version = self.monitor.status.version
-                share = None
                 if version == 2:
                     if kept is None:
                         kept = {k.cgroup_path: k for k in self.monitor.layout().levels}
-                    share = self._stall_share(now, path, kept.get(path))
-                rises = self._high_rises.get(path, 0)
-                high_rose = rises > self._high_seen.get(path, 0)
-                self._high_seen[path] = rises
-                throttled_for = self._throttling.update(now, path, share, high_rose)
-            readings.append(Reading(path, lvl.limit, lvl.headroom, trend, lvl.high,
-                                    throttled_for, share))
-        for gone in [p for p in self._psi if p not in trends]:
-            del self._psi[gone]  # a level no longer on the path: its PSI reading too
-        for gone in [p for p in self._high_seen if p not in trends]:
-            del self._high_seen[gone]
-        self._throttling.keep_only(set(trends))
-        return readings
+                    total = self._pressure_total(path, kept.get(path))
+            samples.append(LevelSample(path, lvl.limit, lvl.headroom, working_set(lvl),
+                                       lvl.high, total, self._high_rises.get(path, 0)))
+        return samples
 
-    def _stall_share(self, now: float, path: str, level: Any) -> Optional[float]:
-        """The PSI stall share of one v2 level since the previous sample (None: first
-        reading, PSI off or unreadable: the `high` counter decides then). Read through the
-        level's kept descriptor (`layout()`, as prometheus.py reads it): no open per sample."""
+    def _pressure_total(self, path: str, level: Any) -> Optional[int]:
+        """The `total=` of the chosen PSI line of a v2 level's memory.pressure (None: PSI
+        off or unreadable). Read through the level's kept descriptor (`layout()`, as
+        prometheus.py reads it): no open per sample."""
         try:
             if level is None:
                 raise FileNotFoundError(path)  # a level that left the layout meanwhile
-            total = values.parse_pressure(level.read(names.PRESSURE)).get(self.pressure)
+            total: Optional[int] = values.parse_pressure(
+                level.read(names.PRESSURE)).get(self.pressure)
+            return total
         except (OSError, ValueError):
             # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
-            total = None
-        if total is None:  # unreadable, or no line of this kind
-            self._psi.pop(path, None)
             return None
-        reading = (now, total)
-        before = self._psi.get(path)
-        self._psi[path] = reading
-        return policy.stall_share(before, reading)
 
     def _announce(self, verdict: Verdict) -> None:
         if verdict.stop:
@@ -458,25 +394,3 @@ class Guard:
                 callback(verdict)
             except Exception:  # noqa: BLE001 - a callback must not stop the training loop
                 log.exception("cgwatch guard: callback %r failed", callback)
-
-
-def _size(value: Union[int, str]) -> int:
-    """Bytes from an int or a size ("100M"), as `reserve` takes them (alerts.Threshold)."""
-    if isinstance(value, int):
-        return value
-    parsed = Threshold.parse(value)
-    if parsed.bytes is None:
-        raise ValueError(f"guard: a size in bytes, not a share: {value!r}")
-    return parsed.bytes
-
-
-def bound_limit(available: Optional[int], tight: Reading) -> Optional[int]:
-    """The limit of `tight`, the limited level with the least headroom at a sample, when it
-    is what bounded `available_memory()` read at that check (within 1/32 of its headroom or
-    4 MiB: the two reads are microseconds apart); None when the host's MemAvailable was
-    lower (the host is not guarded, and its swings are other processes')."""
-    if available is None or tight.limit is None or tight.headroom is None:
-        return None
-    slack = max(4 << 20, tight.headroom // 32)
-    return tight.limit if available >= tight.headroom - slack else None
-

@@ -158,6 +158,12 @@ def reserve_bytes(limit: int, reserve: int, share: Optional[float]) -> int:
     return int(limit * share) if share is not None else reserve
 
 
+def floor(limit: int, reserve: int, share: Optional[float], rise: int) -> int:
+    """The headroom a level must keep, the one formula of the reserve: `reserve_bytes` plus
+    `rise`, the room kept for the job's largest rise (its margin included)."""
+    return reserve_bytes(limit, reserve, share) + rise
+
+
 def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[float] = None,
            lead: float, throttle_seconds: float, killed: int = 0,
            step: Optional[int] = None, rise: int = 0) -> Verdict:
@@ -166,9 +172,9 @@ def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[flo
     checkpoint's time x margin); `killed`: OOM kills on the path since the guard started."""
     for r in readings:
         if r.limit is not None and r.headroom is not None:
-            floor = reserve_bytes(r.limit, reserve, share) + rise
-            if r.headroom < floor:
-                return replace(_about(r, RESERVE, floor, lead, killed, step), rise=rise)
+            kept = floor(r.limit, reserve, share, rise)
+            if r.headroom < kept:
+                return replace(_about(r, RESERVE, kept, lead, killed, step), rise=rise)
     if killed:
         tight = min(readings, key=lambda r: r.headroom if r.headroom is not None else 1 << 62,
                     default=None)
@@ -326,6 +332,21 @@ class LargestRise:
                 self.largest = small
         self._pieces.append(piece)
         del self._pieces[:-_KEPT]
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a restarted job keeps (JSON-able): the pieces and the largest taken twice.
+        Not the depths: they are of this life's levels and headroom."""
+        return {"largest": self.largest, "pieces": list(self._pieces)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start from `state_dict()`'s (values of the wrong type are skipped)."""
+        largest = state.get("largest")
+        if isinstance(largest, int) and not isinstance(largest, bool) and largest >= 0:
+            self.largest = max(self.largest, largest)
+        pieces = state.get("pieces")
+        if isinstance(pieces, list):
+            self._pieces = [p for p in pieces
+                            if isinstance(p, int) and not isinstance(p, bool) and p > 0][-_KEPT:]
 
     def room(self, available: Optional[int]) -> int:
         """The headroom the next piece needs beyond the reserve (bytes): the largest piece,

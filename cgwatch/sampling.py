@@ -1,6 +1,6 @@
 """Internal. When the memory guard samples its levels (`levels()`, the forecast, the policy)
 and when a check answers from the last sample: pure (times and sizes are passed in), table-
-tested in tests/test_sampling.py. guard.py holds one `Sampling` and asks it at every check.
+tested in tests/test_sampling.py. decision.py holds the last `Plan` and asks `due` at every check.
 
 A check between samples costs one `available_memory()`; a sample costs `levels()` (every file
 of every level). The rules:
@@ -15,6 +15,9 @@ of every level). The rules:
    verdict does not say stop, unless the last sample found that it was the host's
    MemAvailable under it, which no reserve covers (`host_low`).
 4. At once after an OOM kill on the path the last sample had not counted.
+5. After a sample that failed (the levels could not be read), not before `interval` or 1 s,
+   whichever is longer, and not near the reserve meanwhile (`after_failure`): a failing read
+   retried at every check would cost every step a failed `levels()`.
 """
 
 from __future__ import annotations
@@ -85,3 +88,10 @@ def due(last: Plan, now: float, available: int, *, near_interval: float, stopped
     # while the verdict does not say so (unless it was the host's MemAvailable).
     return now >= last.sampled + near_interval or not (
         stopped or available >= last.floor or last.host_low)
+
+
+def after_failure(last: Plan, now: float, *, interval: float, killed: int) -> Plan:
+    """The plan after a sample at `now` failed: the next one `interval` (at least 1 s) later,
+    never sooner for being near (`near` -1: no figure is at or under it), `killed` the OOM
+    kills counted (a kill already seen does not retry at once); the rest is the last plan's."""
+    return Plan(now + max(interval, 1.0), -1, last.floor, last.sampled, last.host_low, killed)

@@ -14,7 +14,7 @@ from .forecast import FLAT, Forecaster, Trend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
     from typing import Any, Optional
 
     from .snapshot import LevelInfo
@@ -74,16 +74,23 @@ class LevelTrends:
     def add(self, now: float, levels: Iterable[LevelInfo]) -> dict[str, Trend]:
         """One sample of every level; the trend of each forecastable one, by cgroup path.
         Levels not in this sample are forgotten."""
-        trends: dict[str, Trend] = {}
+        sizes: dict[str, int] = {}
         for level in levels:
-            if not forecastable(level):
-                continue
-            path = level.cgroup_path
+            if forecastable(level):
+                ws = working_set(level)
+                assert ws is not None  # forecastable() says so
+                sizes[level.cgroup_path] = ws
+        return self.add_sizes(now, sizes)
+
+    def add_sizes(self, now: float, sizes: Mapping[str, int]) -> dict[str, Trend]:
+        """One sample given as the working set of each forecastable level, by cgroup path
+        (the guard's decision.py, which is handed the figures, not the levels); the trend of
+        each, by path. Levels not in it are forgotten."""
+        trends: dict[str, Trend] = {}
+        for path, ws in sizes.items():
             forecaster = self._forecasters.get(path)
             if forecaster is None:
                 forecaster = self._forecasters[path] = self._new()
-            ws = working_set(level)
-            assert ws is not None  # forecastable() says so
             forecaster.add(now, ws)
             trends[path] = forecaster.trend()
         for gone in [p for p in self._forecasters if p not in trends]:

@@ -54,6 +54,7 @@ LAYER = {
     "cgwatch.headroom": "pure rules",
     "cgwatch.envswitch": "pure rules",
     "cgwatch.slurm": "pure rules",
+    "cgwatch.decision": "pure rules",
     "cgwatch.forecast": "pure rules",
     "cgwatch.policy": "pure rules",
     "cgwatch.sampling": "pure rules",
