@@ -111,14 +111,10 @@ class Decision:
                              "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
         self.reserve = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
-        self.rise_margin = rise_margin
-        self.margin = margin
-        self.interval = interval
-        self.jitter = jitter
-        self.near_interval = near_interval
-        self.write_rate = rate
-        self.checkpoint_bytes = size
-        self.throttle_seconds = throttle_seconds
+        self.rise_margin, self.throttle_seconds = rise_margin, throttle_seconds
+        self.interval, self.jitter, self.near_interval = interval, jitter, near_interval
+        # what a save takes, until one is timed: checkpoint_bytes / write_rate x margin
+        self.margin, self.write_rate, self.checkpoint_bytes = margin, rate, size
         self._configured = None if checkpoint_seconds is None else float(checkpoint_seconds)
         # The user said what a save takes (its time or its size): no estimate replaces it.
         self._checkpoint_given = checkpoint_seconds is not None or size is not None
@@ -135,7 +131,9 @@ class Decision:
         self._high_seen: dict[str, int] = {}  # path -> `high` rises at the last sample
         self._plan = sampling.FIRST  # when the next sample comes (sampling.py)
         self._samples = 0  # samples taken: the next one's phase
-        self._verdict = Verdict(False, policy.OK, lead=self.lead)
+        # The last sample's verdict: read it, never set it (an attribute, not a property: a
+        # check between samples answers it, and a property's call is ~50 ns of its ~1 us).
+        self.verdict = Verdict(False, policy.OK, lead=self.lead)
 
     # ---- a check ------------------------------------------------------------------------
 
@@ -143,12 +141,15 @@ class Decision:
         """One check at `now` that read `available` (None: unread) with `killed` OOM kills
         counted: notes the gap since the last check, feeds the largest rise; True when this
         check samples (read the levels, then `sample()`)."""
-        self._note(now)
+        last = self._last_check  # self._note(now), inlined: this runs at every check
+        if last is not None and now - last > self._gap_now:
+            self._gap_now = now - last
+        self._last_check = now
         if available is None:
             return killed != self._plan.killed or now >= self._plan.due
         self._rise.update(available, self._bound, now)
         return sampling.due(self._plan, now, available, near_interval=self.near_interval,
-                            stopped=self._verdict.stop, killed=killed)
+                            stopped=self.verdict.stop, killed=killed)
 
     def sampling_failed(self, now: float, killed: int) -> None:
         """The check at `now` could not read what it needed: the last verdict stands and the
@@ -167,18 +168,22 @@ class Decision:
         if limited:  # the tightest level: what bounds available_memory() (the rise learns)
             tight = min(limited, key=lambda r: r.headroom or 0)
             self._bound = bound_limit(available, tight)
-        if available is not None and self._bound != bound:
-            # The level just found: its depths start from this check's figure (a new limit
-            # forgets the old one's); a figure due() skipped for want of a level is taken now.
+        if available is not None and self._bound is not None and self._bound != bound:
+            # due() fed this check's figure under the level the last sample found. This one
+            # found another: the figure is taken under it. A new limit starts its depths here
+            # and learns nothing yet; a figure due() skipped (no level bounded it) is learned
+            # from now. Either way each check's figure is learned from once.
             self._rise.update(available, self._bound, now)
         self._gaps.append(self._gap_now)
         self._gap_now = 0.0
-        lead = self.lead
+        save, gap = self.checkpoint_seconds, self.check_gap
+        lead = save * self.margin + gap  # self.lead, its parts kept for the message
         reserve, share = self.reserve.bytes or 0, self.reserve.fraction
         rise = int(self._rise.room(available) * self.rise_margin)
         verdict = policy.decide(readings, reserve=reserve, share=share, lead=lead,
                                 throttle_seconds=self.throttle_seconds, killed=killed,
-                                step=step, rise=rise, trusted=self._rise.came_back(available))
+                                step=step, rise=rise, lead_from=(save, self.margin, gap),
+                                trusted=self._rise.came_back(available))
         floors = [policy.floor(r.limit, reserve, share, rise)
                   for r in readings if r.limit is not None]
         self._plan = sampling.plan(
@@ -186,7 +191,7 @@ class Decision:
             growth=max([r.trend.growth for r in readings], default=0.0), lead=lead,
             available=available, stopped=verdict.stop, killed=killed)
         self._samples += 1
-        self._verdict = verdict
+        self.verdict = verdict
         return verdict
 
     def _note(self, now: float) -> None:
@@ -234,11 +239,6 @@ class Decision:
         return policy.stall_share(before, reading)
 
     # ---- what it stands on ------------------------------------------------------------------
-
-    @property
-    def verdict(self) -> Verdict:
-        """The last sample's verdict."""
-        return self._verdict
 
     def saved(self, seconds: float) -> None:
         """A save that took `seconds` (negative: ignored)."""

@@ -70,18 +70,25 @@ class Trend(Frozen):
     def seconds_left(self, line: Optional[int]) -> Optional[float]:
         """Seconds until the peak reaches `line` (bytes) at this growth: 0.0 when it is there
         already, None without a line, without growth, or beyond what the evidence licenses."""
+        reach = self.reach(line)
+        return None if reach is None else reach[0]
+
+    def reach(self, line: Optional[int]) -> Optional[tuple[float, float]]:
+        """`seconds_left(line)` and the growth that gave it (bytes/s), so that
+        (line - peak) / growth = seconds: the rate of the scale whose licensed answer is the
+        soonest (0.0 when the peak is at the line already); None as seconds_left."""
         if line is None:
             return None
         if self.peak >= line:
-            return 0.0
+            return 0.0, 0.0
         rates = self.rates or ((self.growth, self.horizon),)
-        best: Optional[float] = None
+        best: Optional[tuple[float, float]] = None
         for growth, horizon in rates:
             if growth <= 0:
                 continue
             left = (line - self.peak) / growth
-            if (horizon is None or left <= horizon) and (best is None or left < best):
-                best = left
+            if (horizon is None or left <= horizon) and (best is None or left < best[0]):
+                best = (left, growth)
         return best
 
 

@@ -60,12 +60,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Union
 
-from . import names, ranks, values
+from . import names, values
 from .alerts import Threshold
 from .decision import Decision, LevelSample
-from .frozen import replace
 from .logs import reaches_last_resort
 from .policy import EXIT_STATUS, Verdict
+from .ranks import Agreement
 from .trends import forecastable, working_set
 
 if TYPE_CHECKING:
@@ -134,15 +134,11 @@ class Guard:
             bucket=bucket, span=span, window=window)
         self.monitor = monitor
         self.pressure = pressure
-        self._high_rises: dict[str, int] = {}  # path -> `high` rises (Events thread writes)
-        self._killed = 0  # OOM kills on the path (Events thread writes, checks read)
+        self._reader = LevelReader(monitor, pressure)
         self._callbacks: list[Callable[[Verdict], None]] = []
         self._on_stderr = ""  # the stop line logging's last resort wrote on stderr (exit())
         self._lock = threading.Lock()  # one sample at a time; never held while calling out
-        self.sync_every = sync_every
-        self._ranks = ranks
-        self._calls = 0  # checks since the ranks were found: every sync_every-th agrees
-        self._agreed = self._decision.verdict  # what the ranks last agreed on
+        self._agreement = Agreement(sync_every, ranks, self._decision.verdict, self._announce)
         self._events: Optional[Events] = None
         self._own_events = False
         if events is True:
@@ -153,50 +149,31 @@ class Guard:
         elif events is not False:
             self._events = events
         if self._events is not None:
-            self._events.subscribe(self._on_event)
+            self._events.subscribe(self._reader.on_event)
 
     # ---- the per-step call --------------------------------------------------------------------
 
     def check(self, step: Optional[int] = None) -> Verdict:
         """The decision now (never raises). Cheap between samples: see the module docstring.
         In a distributed job, the decision all ranks agreed on (module docstring)."""
-        verdict = self._decide(step)
-        if not self.sync_every:
-            return verdict
-        group = self._ranks
-        if group is None:
-            # Looked up at every check until found (a sys.modules lookup without torch): a
-            # group initialised after the guard was made is used from its first check on.
-            group = self._ranks = ranks.torch_ranks()
-            if group is None:
-                return verdict
-            self._calls = 0
-        self._calls += 1
-        if (self._calls - 1) % self.sync_every:
-            return self._agreed
-        return self._agree(group, verdict, step)
-
-    def _agree(self, group: Ranks, verdict: Verdict, step: Optional[int]) -> Verdict:
+        decision, reader = self._decision, self._reader
+        now = _monotonic()
+        killed = reader.killed
         try:
-            rank = group.rank
-            agreed = ranks.decode(group.max(ranks.encode(verdict.stop, verdict.trigger, rank)))
-        except Exception as e:  # noqa: BLE001 - a peer gone: its socket is closed, decide alone
-            log.warning("cgwatch guard: the all-reduce across ranks failed (%r); this rank "
-                        "decides alone from now on", e)
-            self.sync_every = 0
-            return verdict
-        previous = self._agreed
-        if agreed is None:
-            self._agreed = verdict  # no rank, this one included, said stop
-        elif verdict.stop and agreed[0] == verdict.trigger:
-            # Ours says it all (another rank may have said the same), at the step all act.
-            self._agreed = verdict if verdict.step == step else replace(verdict, step=step)
-        else:
-            self._agreed = Verdict(True, agreed[0], lead=verdict.lead, step=step,
-                                   rank=agreed[1])
-        if self._agreed.rank is not None and self._agreed.key() != previous.key():
-            self._announce(self._agreed)
-        return self._agreed
+            available = self.monitor.available_memory()
+            if not decision.due(now, available, killed):
+                # the last sample's verdict: its `step` is the one of the check that decided it
+                return self._agreement.at_check(decision.verdict, step)
+            with self._lock:
+                previous = decision.verdict
+                verdict = decision.sample(now, available, reader.levels(), killed, step)
+        except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
+            log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
+            decision.sampling_failed(now, reader.killed)
+            verdict = previous = decision.verdict
+        if verdict.key() != previous.key():
+            self._announce(verdict)
+        return self._agreement.at_check(verdict, step)
 
     def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
         """End the job after its save: print `verdict.message()` (default: the last one
@@ -211,26 +188,8 @@ class Guard:
         raise SystemExit(GUARD_EXIT_STATUS)
 
     def _agreed_or_local(self) -> Verdict:
-        return self._agreed if self._ranks is not None else self._decision.verdict
-
-    def _decide(self, step: Optional[int]) -> Verdict:
-        decision = self._decision
-        now = _monotonic()
-        killed = self._killed
-        try:
-            available = self.monitor.available_memory()
-            if not decision.due(now, available, killed):
-                return decision.verdict  # its `step` is the one of the check that decided it
-            with self._lock:
-                previous = decision.verdict
-                verdict = decision.sample(now, available, self._read(), killed, step)
-        except Exception as e:  # noqa: BLE001 - a check must answer; the last verdict stands
-            log.warning("cgwatch guard: sampling failed (%r); keeping the last decision", e)
-            decision.sampling_failed(now, self._killed)
-            return decision.verdict
-        if verdict.key() != previous.key():
-            self._announce(verdict)
-        return verdict
+        agreement = self._agreement
+        return agreement.agreed if agreement.group is not None else self._decision.verdict
 
     @property
     def decision(self) -> Decision:
@@ -302,11 +261,19 @@ class Guard:
         return self._decision.rise
 
     @property
+    def sync_every(self) -> int:
+        """Checks between two agreements of all ranks (0: none, or no longer: a failed
+        all-reduce)."""
+        return self._agreement.sync_every
+
+    @property
     def reserve(self) -> Threshold:
+        """The reserve kept at every limited level (bytes or a share of its limit)."""
         return self._decision.reserve
 
     @property
     def near_interval(self) -> float:
+        """Seconds between samples near the reserve (bench/guard.py reads it)."""
         return self._decision.near_interval
 
     def state_dict(self) -> dict[str, Any]:
@@ -324,7 +291,7 @@ class Guard:
         """Detach from the events (closing them if the guard made them)."""
         events = self._events
         if events is not None:
-            events.unsubscribe(self._on_event)
+            events.unsubscribe(self._reader.on_event)
             if self._own_events:
                 events.close()
 
@@ -334,19 +301,43 @@ class Guard:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- reading ------------------------------------------------------------------------------
+    def _announce(self, verdict: Verdict) -> None:
+        if verdict.stop:
+            line = verdict.message()
+            log.warning("%s", line)
+            if reaches_last_resort(log, logging.WARNING):
+                self._on_stderr = line  # written to stderr as it is: exit() need not again
+        else:
+            log.info("%s", verdict.message())
+        for callback in self._callbacks:
+            try:
+                callback(verdict)
+            except Exception:  # noqa: BLE001 - a callback must not stop the training loop
+                log.exception("cgwatch guard: callback %r failed", callback)
 
-    def _on_event(self, item: Any) -> None:
+
+class LevelReader:
+    """What the guard reads, through `monitor` only: the levels as the decision takes them
+    (`levels()`), and the OOM kills and `high` rises its Events deliver (`on_event`, on the
+    loop thread; the checks read the integers)."""
+
+    def __init__(self, monitor: Monitor, pressure: str) -> None:
+        self.monitor = monitor
+        self.pressure = pressure  # the PSI line read: "some" or "full"
+        self.killed = 0  # OOM kills on the path since the guard began
+        self.high_rises: dict[str, int] = {}  # path -> `high` rises since the guard began
+
+    def on_event(self, item: Any) -> None:
         counter = getattr(item, "counter", None)
         if counter is None or getattr(item, "propagated", False):
             return  # a headroom alert, or a v2 repeat of a rise already seen below
         if counter in _KILLS:
-            self._killed += item.new - item.old
+            self.killed += item.new - item.old
         elif counter == "high":
             path = item.cgroup_path
-            self._high_rises[path] = self._high_rises.get(path, 0) + item.new - item.old
+            self.high_rises[path] = self.high_rises.get(path, 0) + item.new - item.old
 
-    def _read(self) -> list[LevelSample]:
+    def levels(self) -> list[LevelSample]:
         """The levels with a line (a limit or memory.high) and a working set, as the
         decision takes them; a v2 level's PSI total read only where it has memory.high."""
         version: Optional[int] = None  # read only for a level with memory.high (v2's)
@@ -365,7 +356,7 @@ class Guard:
                         kept = {k.cgroup_path: k for k in self.monitor.layout().levels}
                     total = self._pressure_total(path, kept.get(path))
             samples.append(LevelSample(path, lvl.limit, lvl.headroom, working_set(lvl),
-                                       lvl.high, total, self._high_rises.get(path, 0)))
+                                       lvl.high, total, self.high_rises.get(path, 0)))
         return samples
 
     def _pressure_total(self, path: str, level: Any) -> Optional[int]:
@@ -381,17 +372,3 @@ class Guard:
         except (OSError, ValueError):
             # EOPNOTSUPP with PSI off (psi=0 on the kernel's command line), ENOENT before 4.20
             return None
-
-    def _announce(self, verdict: Verdict) -> None:
-        if verdict.stop:
-            line = verdict.message()
-            log.warning("%s", line)
-            if reaches_last_resort(log, logging.WARNING):
-                self._on_stderr = line  # written to stderr as it is: exit() need not again
-        else:
-            log.info("%s", verdict.message())
-        for callback in self._callbacks:
-            try:
-                callback(verdict)
-            except Exception:  # noqa: BLE001 - a callback must not stop the training loop
-                log.exception("cgwatch guard: callback %r failed", callback)

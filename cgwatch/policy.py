@@ -28,7 +28,7 @@ which neither 0 (done), 1 (failed) nor 137 (killed) says, and schedulers can req
 
 from __future__ import annotations
 
-from .frozen import Frozen, fill, replace
+from .frozen import Frozen, fill
 from .units import human_bytes
 
 TYPE_CHECKING = False
@@ -80,7 +80,7 @@ class Verdict(Frozen):
 
     __slots__ = ("stop", "trigger", "level", "limit", "headroom", "reserve", "growth",
                  "seconds_left", "lead", "pressure", "throttled_for", "killed", "step", "rank",
-                 "rise")
+                 "rise", "peak", "rate", "save_seconds", "margin", "check_gap")
     _fields = __slots__
     stop: bool
     trigger: str
@@ -97,6 +97,14 @@ class Verdict(Frozen):
     step: Optional[int]
     rank: Optional[int]  # the deciding rank, when not this process (ranks agreed)
     rise: int  # bytes of `reserve` kept for the job's largest rise (its margin included)
+    # The figures `seconds_left` and `lead` were worked out from (None: not known, a verdict
+    # made by hand): seconds_left = (limit - peak) / rate, and
+    # lead = save_seconds x margin + check_gap.
+    peak: Optional[int]  # the working set's peak the forecast starts from (forecast.Trend)
+    rate: float  # bytes/s: the growth of the time scale whose answer is seconds_left
+    save_seconds: Optional[float]  # what a save takes (policy.save_seconds)
+    margin: Optional[float]
+    check_gap: Optional[float]  # seconds: the longest between two checks, lately
 
     def __init__(self, stop: bool, trigger: str, level: str = "",
                  limit: Optional[int] = None, headroom: Optional[int] = None,
@@ -104,7 +112,9 @@ class Verdict(Frozen):
                  seconds_left: Optional[float] = None, lead: float = 0.0,
                  pressure: Optional[float] = None, throttled_for: float = 0.0,
                  killed: int = 0, step: Optional[int] = None,
-                 rank: Optional[int] = None, rise: int = 0) -> None:
+                 rank: Optional[int] = None, rise: int = 0, peak: Optional[int] = None,
+                 rate: float = 0.0, save_seconds: Optional[float] = None,
+                 margin: Optional[float] = None, check_gap: Optional[float] = None) -> None:
         fill(self, locals())
 
     def __bool__(self) -> bool:
@@ -117,7 +127,11 @@ class Verdict(Frozen):
         return (self.stop, self.trigger, self.level)
 
     def message(self) -> str:
-        """One line naming the trigger, the level and the figures."""
+        """One line naming the trigger, the level and the figures the decision used, so that
+        a reader's arithmetic with them gives the line's time: RESERVE's reserve is the sum
+        of its parts; FORECAST's seconds are (limit - peak) / rate (said as the headroom over
+        the growth when those are the figures), its lead a save's seconds x margin plus the
+        gap between checks (tests/test_decision.py parses them back)."""
         where = f"cgroup {self.level}" if self.level else "the job"
         at = f" at step {self.step}" if self.step is not None else ""
         room = (f"headroom {human_bytes(self.headroom)} of {human_bytes(self.limit)}"
@@ -127,8 +141,9 @@ class Verdict(Frozen):
                     f"({self.trigger}; that rank's message gives the level and figures)")
         if self.trigger == RESERVE:
             why = f"{room}, below the reserve of {human_bytes(self.reserve)}"
-            if self.rise:
-                why += f" (room for the job's largest rise, {human_bytes(self.rise)}, included)"
+            if self.rise and self.reserve is not None:
+                why += (f" ({human_bytes(self.reserve - self.rise)}, plus room for the job's "
+                        f"largest rise, {human_bytes(self.rise)})")
         elif self.trigger == OOM_KILL:
             why = f"the OOM killer killed {self.killed} process(es) on the path"
         elif self.trigger == FORECAST:
@@ -136,8 +151,8 @@ class Verdict(Frozen):
             # margin (or the configured guess), and "in ~51 s; a save needs ~90 s" read as
             # a stop that came too late.
             why = (f"predicted to reach its limit in ~{_seconds(self.seconds_left)} "
-                   f"(working set growing {human_bytes(int(self.growth))}/s, {room}), "
-                   f"within the guard's lead of ~{_seconds(self.lead)}")
+                   f"({self._forecast_figures(room)}), "
+                   f"within the guard's lead of ~{_seconds(self.lead)}{self._lead_figures()}")
         elif self.trigger == THROTTLE:
             share = f"{self.pressure * 100:.0f}% stalled" if self.pressure is not None \
                 else "memory.high exceeded"
@@ -147,10 +162,33 @@ class Verdict(Frozen):
         return f"cgwatch guard: save and stop{at}: {where}: {why}"
 
 
+    def _forecast_figures(self, room: str) -> str:
+        """The figures of a forecast: the headroom and the growth when they are the ones
+        used (the peak is the working set now, the rate the growth shown), else the distance
+        from the peak to the limit and the rate of the scale that answered."""
+        peak, limit = self.peak, self.limit
+        if peak is None or limit is None or (limit - peak == self.headroom
+                                             and self.rate == self.growth):
+            return f"working set growing {human_bytes(int(self.growth))}/s, {room}"
+        return (f"{human_bytes(limit - peak)} from the working set's recent peak, "
+                f"{human_bytes(peak)}, to the limit of {human_bytes(limit)}, at "
+                f"{human_bytes(int(self.rate))}/s; headroom now {human_bytes(self.headroom)}")
+
+    def _lead_figures(self) -> str:
+        """The lead's parts, when known: a save's seconds x margin + the check gap."""
+        if self.save_seconds is None or self.margin is None or self.check_gap is None:
+            return ""
+        return (f" (a save's {self.save_seconds:.1f} s x {self.margin:g} + "
+                f"{self.check_gap:.1f} s between checks)")
+
+
 def _seconds(value: Optional[float]) -> str:
     if value is None:
         return "-"
     return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
+
+
+_UNKNOWN = (None, None, None)  # decide()'s lead_from when not given: a verdict by hand
 
 
 def reserve_bytes(limit: int, reserve: int, share: Optional[float]) -> int:
@@ -166,41 +204,52 @@ def floor(limit: int, reserve: int, share: Optional[float], rise: int) -> int:
 
 def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[float] = None,
            lead: float, throttle_seconds: float, killed: int = 0,
-           step: Optional[int] = None, rise: int = 0, trusted: bool = False) -> Verdict:
+           step: Optional[int] = None, rise: int = 0,
+           lead_from: tuple[Optional[float], Optional[float], Optional[float]] = _UNKNOWN,
+           trusted: bool = False) -> Verdict:
     """Save and stop, or go on (module docstring). `reserve` bytes or `share` of each level's
     limit, plus `rise` bytes (the job's largest rise times a margin); `lead` seconds (a
     checkpoint's time x margin); `killed`: OOM kills on the path since the guard started;
-    `trusted`: the job is no deeper than a depth it came back from (LargestRise.came_back):
-    no forecast then."""
+    `lead_from`: (a save's seconds, margin, check gap) the lead was worked out from, for
+    the verdict's message (decision.py gives them); `trusted`: the job is no deeper than a
+    depth it came back from (LargestRise.came_back): no forecast then."""
     for r in readings:
         if r.limit is not None and r.headroom is not None:
             kept = floor(r.limit, reserve, share, rise)
             if r.headroom < kept:
-                return replace(_about(r, RESERVE, kept, lead, killed, step), rise=rise)
+                return _about(r, RESERVE, kept, lead, killed, step, lead_from, rise)
     if killed:
         tight = min(readings, key=lambda r: r.headroom if r.headroom is not None else 1 << 62,
                     default=None)
         if tight is None:
-            return Verdict(True, OOM_KILL, lead=lead, killed=killed, step=step)
-        return _about(tight, OOM_KILL, None, lead, killed, step)
+            return Verdict(True, OOM_KILL, lead=lead, killed=killed, step=step,
+                           save_seconds=lead_from[0], margin=lead_from[1],
+                           check_gap=lead_from[2])
+        return _about(tight, OOM_KILL, None, lead, killed, step, lead_from)
     soonest: Optional[tuple[float, Reading]] = None
     for r in readings if not trusted else ():
         left = r.trend.seconds_left(r.limit)
         if left is not None and left < lead and (soonest is None or left < soonest[0]):
             soonest = (left, r)
     if soonest is not None:
-        return _about(soonest[1], FORECAST, None, lead, killed, step)
+        return _about(soonest[1], FORECAST, None, lead, killed, step, lead_from)
     for r in readings:
         if r.high is not None and r.throttled_for >= throttle_seconds > 0:
-            return _about(r, THROTTLE, None, lead, killed, step)
-    return Verdict(False, OK, lead=lead, killed=killed, step=step)
+            return _about(r, THROTTLE, None, lead, killed, step, lead_from)
+    return Verdict(False, OK, lead=lead, killed=killed, step=step, save_seconds=lead_from[0],
+                   margin=lead_from[1], check_gap=lead_from[2])
 
 
 def _about(r: Reading, trigger: str, floor: Optional[int], lead: float, killed: int,
-           step: Optional[int]) -> Verdict:
-    return Verdict(True, trigger, r.cgroup_path, r.limit, r.headroom, floor, r.trend.growth,
-                   r.trend.seconds_left(r.limit), lead, r.pressure, r.throttled_for, killed,
-                   step)
+           step: Optional[int], lead_from: tuple[Optional[float], Optional[float],
+                                                  Optional[float]], rise: int = 0) -> Verdict:
+    trend = r.trend
+    reach = trend.reach(r.limit)
+    left, rate = (None, 0.0) if reach is None else reach
+    return Verdict(True, trigger, r.cgroup_path, r.limit, r.headroom, floor, trend.growth,
+                   left, lead, r.pressure, r.throttled_for, killed, step, None, rise,
+                   trend.peak if r.limit is not None and reach is not None else None, rate,
+                   *lead_from)
 
 
 def save_seconds(saves: Sequence[float], configured: Optional[float],

@@ -19,13 +19,16 @@ it), so `import cgwatch` and a guard in a job without torch stay light.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from . import policy
+from .frozen import replace
+from .policy import Verdict
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Optional, Protocol
+    from typing import Any, Callable, Optional, Protocol
 
     class Ranks(Protocol):
         """What the guard needs from a process group: this process's rank, and the MAX of
@@ -89,3 +92,57 @@ def torch_ranks() -> Optional[TorchRanks]:
         return TorchRanks(dist)
     except Exception:  # noqa: BLE001 - a half-torn-down group: decide alone
         return None
+
+
+class Agreement:
+    """The verdict a rank acts on (guard.py's module docstring, "Distributed jobs"): every
+    `sync_every`-th check one all-reduce across `group` (None: torch.distributed's default
+    group, looked for at each check until found, so a group initialised after the guard was
+    made is used from its first check on); between, the last agreed verdict stands.
+    `announce` is called with another rank's stop when the agreed decision changes to it."""
+
+    def __init__(self, sync_every: int, group: Optional[Ranks], first: Verdict,
+                 announce: Callable[[Verdict], None]) -> None:
+        self.sync_every = sync_every
+        self.group = group
+        self.agreed = first  # what the ranks last agreed on
+        self._announce = announce
+        self._calls = 0  # checks since the group was found: every sync_every-th agrees
+
+    def at_check(self, verdict: Verdict, step: Optional[int]) -> Verdict:
+        """This rank's `verdict` at check `step` -> the one all ranks act on."""
+        if not self.sync_every:
+            return verdict
+        group = self.group
+        if group is None:
+            group = self.group = torch_ranks()  # a sys.modules lookup without torch
+            if group is None:
+                return verdict
+            self._calls = 0
+        self._calls += 1
+        if (self._calls - 1) % self.sync_every:
+            return self.agreed
+        return self._agree(group, verdict, step)
+
+    def _agree(self, group: Ranks, verdict: Verdict, step: Optional[int]) -> Verdict:
+        try:
+            rank = group.rank
+            agreed = decode(group.max(encode(verdict.stop, verdict.trigger, rank)))
+        except Exception as e:  # noqa: BLE001 - a peer gone: its socket is closed, decide alone
+            logging.getLogger("cgwatch").warning(
+                "cgwatch guard: the all-reduce across ranks failed (%r); this rank decides "
+                "alone from now on", e)
+            self.sync_every = 0
+            return verdict
+        previous = self.agreed
+        if agreed is None:
+            self.agreed = verdict  # no rank, this one included, said stop
+        elif verdict.stop and agreed[0] == verdict.trigger:
+            # Ours says it all (another rank may have said the same), at the step all act.
+            self.agreed = verdict if verdict.step == step else replace(verdict, step=step)
+        else:
+            self.agreed = Verdict(True, agreed[0], lead=verdict.lead, step=step,
+                                  rank=agreed[1])
+        if self.agreed.rank is not None and self.agreed.key() != previous.key():
+            self._announce(self.agreed)
+        return self.agreed

@@ -165,7 +165,7 @@ def test_a_big_piece_is_kept_free(host: FakeHost, monitor: Monitor) -> None:
     assert verdict.trigger == "reserve" and verdict.headroom == 848 * MiB
     assert verdict.rise == 750 * MiB
     assert verdict.reserve == int(4 * GiB * 0.05) + 750 * MiB
-    assert "room for the job's largest rise, 750.0 MiB, included" in verdict.message()
+    assert "(204.8 MiB, plus room for the job's largest rise, 750.0 MiB)" in verdict.message()
 
 
 def test_a_climb_over_samples_is_one_piece(host: FakeHost, monitor: Monitor) -> None:

@@ -118,6 +118,7 @@ LAYER = {
     "cgwatch.cli.runguard": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
+    "cgwatch.cli.runverbose": "commands",
     "cgwatch.cli.serve": "commands",
     "cgwatch.cli.show": "commands",
     "cgwatch.cli.watch": "commands",

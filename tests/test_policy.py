@@ -360,8 +360,8 @@ MESSAGES = [
                  "4.0 GiB, below the reserve of 256.0 MiB", id="reserve"),
     pytest.param(Verdict(True, RESERVE, "/job", 4 * GiB, 400 * MiB, 504 * MiB, rise=300 * MiB),
                  "cgwatch guard: save and stop: cgroup /job: headroom 400.0 MiB of 4.0 GiB, "
-                 "below the reserve of 504.0 MiB (room for the job's largest rise, 300.0 MiB, "
-                 "included)", id="reserve-with-rise"),
+                 "below the reserve of 504.0 MiB (204.0 MiB, plus room for the job's largest "
+                 "rise, 300.0 MiB)", id="reserve-with-rise"),
     pytest.param(Verdict(True, OOM_KILL, "/job", 4 * GiB, 2 * GiB, killed=1),
                  "cgwatch guard: save and stop: cgroup /job: the OOM killer killed 1 "
                  "process(es) on the path", id="kill"),

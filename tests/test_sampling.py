@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import pytest
 
-from cgwatch.sampling import FIRST, Plan, due, phase, plan
+from cgwatch.sampling import FIRST, Plan, after_failure, due, phase, plan
 
 MiB = 1 << 20
 
@@ -87,3 +87,18 @@ def test_the_mean_interval_is_kept() -> None:
                  available=None, stopped=False, killed=0).due for k in range(1000)]
     assert all(0.25 <= g <= 0.75 for g in gaps)
     assert sum(gaps) / len(gaps) == pytest.approx(0.5, rel=0.01)
+
+
+def test_plan_after_a_failed_sample() -> None:
+    """A sample at 12 s failed: the next comes max(0.5, 1) = 1 s later, never sooner for
+    being near (near -1: no figure is at or under it) nor for the kill it failed to count
+    (killed 3 is now counted); the floor and the last sample's time are kept."""
+    last = Plan(due=12.0, near=500 * MiB, floor=200 * MiB, sampled=11.6, host_low=True,
+                killed=2)
+    p = after_failure(last, 12.0, interval=0.5, killed=3)
+    assert p == Plan(due=13.0, near=-1, floor=200 * MiB, sampled=11.6, host_low=True,
+                     killed=3)
+    assert not due(p, 12.5, 100 * MiB, near_interval=0.05, stopped=False, killed=3)
+    assert due(p, 12.5, 100 * MiB, near_interval=0.05, stopped=False, killed=4)
+    assert due(p, 13.0, 3000 * MiB, near_interval=0.05, stopped=False, killed=3)
+    assert after_failure(last, 12.0, interval=5.0, killed=2).due == 17.0

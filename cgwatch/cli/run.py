@@ -69,22 +69,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
-from ..events import Events, Item
+from ..events import Events
 from ..monitor import Monitor
 from ..saves import SAVES_ENV, Saves, all_saved, read_records
 from .cause import Cause, ShmSampler, find_cause, read_host_oom_kills, report_json, write_report
 from .child import SignalRelay, exit_status, prefer_not_to_be_killed, saved_status
-from .coalesce import Coalescer, rises_suffix
 from .explain import signal_name
-from .format import format_item
 from .restarts import RESTART_ENV, Attempt, next_attempt, parse_step
 from .runguard import GuardThread, guarded_status
 from .runlog import RunLog
+from .runverbose import VerbosePrinter
 
 if TYPE_CHECKING:
     from .plot import Recorder
@@ -276,7 +274,7 @@ def _run(args: argparse.Namespace, command: list[str], restart: int = 0,
     name = os.path.basename(command[0])
     runlog = RunLog()
     with Monitor(args.root) as monitor, Events(monitor, log=False, queue_size=0) as events:
-        printer = _Verbose(events) if args.verbose else None
+        printer = VerbosePrinter(events) if args.verbose else None
 
         def collect(item: Any) -> None:
             runlog.add(item)
@@ -423,40 +421,3 @@ def _plot(path: str, recorder: Recorder, title: str, options: str = "") -> None:
     why = write_plot(path, recorder.as_dict(), f"cgwatch run {options}-- {title}")
     if why is not None:
         print(f"cgwatch run: --plot: {why}", file=sys.stderr, flush=True)
-
-
-class _Verbose:
-    """`-v`: coalesced event lines to stderr; a thread prints what waited out its window."""
-
-    def __init__(self, events: Events) -> None:
-        self.events = events
-        self.coalescer = Coalescer()
-        self.cond = threading.Condition()
-        self.closed = False
-        self.thread = threading.Thread(target=self._flush_when_due, name="cgwatch-run-v",
-                                       daemon=True)
-        self.thread.start()
-
-    def offer(self, item: Item) -> None:
-        with self.cond:
-            self._print(self.coalescer.offer(item, time.monotonic()))
-            self.cond.notify()
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self._print(self.coalescer.flush())
-            self.cond.notify()
-        self.thread.join(timeout=5)
-
-    def _flush_when_due(self) -> None:
-        with self.cond:
-            while not self.closed:
-                due = self.coalescer.next_due()
-                self.cond.wait(None if due is None else max(0.0, due - time.monotonic()))
-                self._print(self.coalescer.due(time.monotonic()))
-
-    def _print(self, lines: list[tuple[Item, int]]) -> None:
-        for item, rises in lines:
-            print(f"cgwatch: {format_item(item)}"
-                  f"{rises_suffix(rises)}", file=sys.stderr, flush=True)
