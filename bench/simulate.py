@@ -35,10 +35,11 @@ import statistics
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from bench import simulate_shapes as shapes
 from bench.simulate_shapes import RUN_INTERVAL, SimJob
+from cgwatch.decision import Decision, LevelSample
 
 # Pauses of a descheduled process: (per second, shortest, longest) by load (module docstring
 # of simulate_shapes.py).
@@ -60,6 +61,7 @@ class Outcome:
     share: Optional[float]  # the stop's time over the life, from the shape's start
     in_startup: bool  # the stop came before the shape began
     message: str
+    reach: bool = False  # a leak within reach (simulate_shapes.within_reach)
 
 
 class _Pauses:
@@ -93,37 +95,25 @@ class _Pauses:
         return tau + self.done
 
 
-class GuardDriver:
-    """Today's `Guard` fed through a monitor of one level and a clock the simulation sets."""
+class Driver:
+    """The guard's pure decision (cgwatch.decision) with the documented defaults, fed one
+    limited level at the times the simulation gives; what `cgwatch.Guard.check` does between
+    reading and delivering."""
 
     def __init__(self, job: SimJob) -> None:
-        from cgwatch import guard as guard_module
-        from cgwatch.snapshot import LevelInfo
-
         self.limit = job.limit
-        self.ws = 0
-        self.now = 0.0
-        self._info = LevelInfo
-        guard_module._monotonic = self._clock  # the module's clock, read at each check
-        self.guard = guard_module.Guard(self, events=False, sync_every=0)  # type: ignore[arg-type]
+        self.decision = Decision()
         if job.way == "adapter":
-            self.guard.estimate_checkpoint(job.checkpoint)
-
-    def _clock(self) -> float:
-        return self.now
-
-    # the monitor's two reads the guard makes
-    def available_memory(self) -> int:
-        return self.limit - self.ws
-
-    def levels(self) -> list[Any]:
-        ws = self.ws
-        return [self._info("/job", "", self.limit, ws, 0, self.limit - ws, True, True, None)]
+            self.decision.estimate_checkpoint(job.checkpoint)
 
     def check(self, now: float, ws: int, step: int) -> Optional[str]:
         """The verdict's message when it says stop, else None."""
-        self.now, self.ws = now, ws
-        verdict = self.guard.check(step)
+        decision, available = self.decision, self.limit - ws
+        if decision.due(now, available, 0):
+            level = LevelSample("/job", self.limit, available, ws)
+            verdict = decision.sample(now, available, [level], 0, step)
+        else:
+            verdict = decision.verdict
         return verdict.message() if verdict.stop else None
 
 
@@ -134,7 +124,7 @@ def simulate(job: SimJob) -> Outcome:
     t0 = job.startup_seconds
     end = life if job.leaks else t0 + job.seconds
     rng = random.Random(job.seed + 13)
-    driver = GuardDriver(job)
+    driver = Driver(job)
     limit = job.limit
     if job.way == "run":
         mine, theirs = _Pauses(rng, job.load), _Pauses(random.Random(job.seed + 17), job.load)
@@ -173,14 +163,15 @@ def simulate(job: SimJob) -> Outcome:
             if said is not None:
                 return _outcome(job, tau, tau + job.save_seconds < life, said, life)
     return Outcome(job.index, job.cls, job.way, job.leaks, limit, False, False, job.leaks,
-                   None, False, "")
+                   None, False, "", job.leaks and shapes.within_reach(job))
 
 
 def _outcome(job: SimJob, tau: float, saved: bool, message: str, life: float) -> Outcome:
     t0 = job.startup_seconds
     share = max(0.0, (tau - t0) / (life - t0)) if job.leaks else None
     return Outcome(job.index, job.cls, job.way, job.leaks, job.limit, True,
-                   saved and job.leaks, job.leaks and not saved, share, tau < t0, message)
+                   saved and job.leaks, job.leaks and not saved, share, tau < t0, message,
+                   job.leaks and shapes.within_reach(job))
 
 
 def _chunk(indexes: Sequence[int], count: int, seed: int) -> list[Outcome]:
@@ -217,6 +208,18 @@ def _share(values: Iterable[Optional[float]]) -> str:
     return f"{statistics.median(shares):.0%}" if shares else "—"
 
 
+def _triggers(outs: Sequence[Outcome]) -> str:
+    """The stops' triggers, from their messages (policy.Verdict.message)."""
+    said = [o.message for o in outs if o.stopped]
+    rise = sum("largest rise" in m for m in said)
+    reserve = sum("below the reserve" in m for m in said) - rise
+    return f"{sum('predicted' in m for m in said)} / {reserve} / {rise}"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f} %" if whole else "—"
+
+
 def table(outs: Sequence[Outcome]) -> str:
     """The per-class table (markdown), healthy classes then leaking ones."""
     ways = shapes.WAYS
@@ -228,31 +231,36 @@ def table(outs: Sequence[Outcome]) -> str:
     leaking = [c for c in order if c not in healthy]
     lines = ["Healthy classes (goal: 0 stops).", "",
              "| class | runs | stops | " + " | ".join(f"stops, {w}" for w in ways)
-             + " | of the stops, in start-up |", "|---" * (4 + len(ways)) + "|"]
+             + " | of the stops: forecast / reserve / reserve with a rise | in start-up |",
+             "|---" * (5 + len(ways)) + "|"]
     for c in healthy:
         rs = [o for o in outs if o.cls == c]
         lines.append(f"| {c} | {len(rs)} | {sum(o.stopped for o in rs)} | " + " | ".join(
             f"{sum(o.stopped for o in rs if o.way == w)}/{sum(o.way == w for o in rs)}"
-            for w in ways) + f" | {sum(o.in_startup for o in rs)} |")
+            for w in ways) + f" | {_triggers(rs)} | {sum(o.in_startup for o in rs)} |")
     hs = [o for o in outs if not o.leaks]
     lines.append(f"| **all healthy** | {len(hs)} | {sum(o.stopped for o in hs)} | " + " | ".join(
         str(sum(o.stopped for o in hs if o.way == w)) for w in ways)
-        + f" | {sum(o.in_startup for o in hs)} |")
-    lines += ["", "Leaking classes (goal: >= 99 % saved, the save ending before the kill). "
-              "Life share: the stop's time over the kill's, from the shape's start.", "",
-              "| class | runs | saved | stopped, save cut by the kill | not stopped, killed | "
-              "saved per way (" + " / ".join(ways) + ") | life share, median | median per "
-              "way |", "|---|---|---|---|---|---|---|---|"]
+        + f" | {_triggers(hs)} | {sum(o.in_startup for o in hs)} |")
+    lines += ["", "Leaking classes (goal: >= 99 % of those within reach saved: the save ends "
+              "before the kill). Within reach: a guard that never stops a healthy job could "
+              "save it (simulate_shapes.within_reach). Life share: the stop's time over the "
+              "kill's, from the shape's start.", "",
+              "| class | runs | saved | within reach | saved of those | saved per way, of "
+              "those (" + " / ".join(ways) + ") | saved beyond reach | stopped, save cut | "
+              "not stopped | life share, median (of those) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for c in leaking + ["**all leaks**"]:
         rs = [o for o in outs if o.leaks and (o.cls == c or c == "**all leaks**")]
-        saved = sum(o.saved for o in rs)
+        near = [o for o in rs if o.reach]
+        saved, kept = sum(o.saved for o in rs), sum(o.saved for o in near)
         lines.append(
-            f"| {c} | {len(rs)} | {saved} ({100.0 * saved / len(rs):.1f} %) | "
-            f"{sum(o.stopped and not o.saved for o in rs)} | "
-            f"{sum(not o.stopped for o in rs)} | " + " / ".join(
-                f"{sum(o.saved for o in rs if o.way == w)}/{sum(o.way == w for o in rs)}"
-                for w in ways) + f" | {_share(o.share for o in rs)} | " + " / ".join(
-                _share(o.share for o in rs if o.way == w) for w in ways) + " |")
+            f"| {c} | {len(rs)} | {saved} ({_pct(saved, len(rs))}) | {len(near)} | {kept} "
+            f"({_pct(kept, len(near))}) | " + " / ".join(
+                f"{sum(o.saved for o in near if o.way == w)}/{sum(o.way == w for o in near)}"
+                for w in ways) + f" | {saved - kept}/{len(rs) - len(near)} | "
+            f"{sum(o.stopped and not o.saved for o in rs)} | {sum(not o.stopped for o in rs)} "
+            f"| {_share(o.share for o in rs)} ({_share(o.share for o in near)}) |")
     return "\n".join(lines) + "\n"
 
 

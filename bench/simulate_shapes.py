@@ -20,7 +20,7 @@ accelerating and bursty shapes are reused) and issue 32's, each near the limit (
 - leaking: linear, accelerating (quadratic), stairs (pieces of 2-25 % of the limit),
   bursty (the campaign's random walk), a leak under a sawtooth, an evaluation that gathers
   predictions (flat, then a climb from the evaluation's start to the limit), a slow leak
-  (0.2-4 MiB/s).
+  (a life of 30 min-2 h in the loop, 80-160 s under run --guard).
 Limits 256 MiB to 512 GiB; step times 10 ms to a minute (log-uniform); a framework start-up
 before the shape (a plain interpreter, ~30 MiB in under a second; a torch framework,
 300 MiB-1.2 GiB in 2-20 s, at most a third of the limit); three ways in: `guard` (a
@@ -28,12 +28,14 @@ before the shape (a plain interpreter, ~30 MiB in under a second; a torch framew
 estimate, the model's and optimizer's bytes), `run` (`cgwatch run --guard`, a check every
 0.1 s from its own thread, no estimate; the job saves at the end of the step SIGTERM came
 in). Loads: `quiet` (rare 5-50 ms pauses) and `loaded` (a 2-core machine at a load of 4-30:
-a pause of 20 ms-1.5 s every ~3 s on average, each process its own).
+a pause of 20 ms-1.5 s every ~3 s on average, each process its own). No job allocates
+faster than MAX_RATE (4 GiB/s): a faster draw is stretched in time (`fastest`).
 
 What a save really takes (`save_seconds`) is not the guard's assumption: the checkpoint
 (model and optimizer) is 0.5-40 % of the limit, log-uniform, and the disk writes it at
 150 MiB/s-2 GiB/s (a network filesystem to a local NVMe; 500 MiB/s-4 GiB/s for limits of
 32 GiB and more, the nodes that hold them), plus 0.05-1 s of opening, pickling and fsync.
+`within_reach` says which leaks a guard that never stops a healthy job could save at all.
 """
 
 from __future__ import annotations
@@ -112,10 +114,10 @@ def draw(index: int, kind: str, way: str, near: bool, seed: int) -> SimJob:
         startup_seconds = rng.uniform(0.2, 1.0)
     # What a job costs the simulation is its samples (~50-100 us each: one a check of steps
     # over 0.5 s, else two a second) and its checks (~5-10 us, at most 10 a second:
-    # bench/simulate.py): each job gets 20-160 samples' worth of time (log-uniform, ~67 on
+    # bench/simulate.py): each job gets 12-80 samples' worth of time (log-uniform, ~36 on
     # average), the leaks at least 10 steps of life, the healthy jobs 5 steps.
     step = _log_uniform(rng, 0.01, 60.0)
-    samples = _log_uniform(rng, 20.0, 160.0)
+    samples = _log_uniform(rng, 12.0, 80.0)
     if way == "run" or step < 0.5:
         seconds = max(10.0, samples * 0.5)
     else:
@@ -126,14 +128,56 @@ def draw(index: int, kind: str, way: str, near: bool, seed: int) -> SimJob:
     disk_rate = _log_uniform(rng, 500 * MiB, 4 * GiB) if big else \
         _log_uniform(rng, 150 * MiB, 2 * GiB)
     params = _params(rng, kind, near, limit, startup, step, seconds)
-    if kind == "slow leak":  # 30 min-2 h in the loop, 100-200 s under run --guard (budget)
-        seconds = rng.uniform(100.0, 200.0) if way == "run" else rng.uniform(1800.0, 7200.0)
-        step = max(step, seconds / 200) if way != "run" else min(step, seconds / 10)
+    if kind == "slow leak":  # 30 min-2 h in the loop, 80-160 s under run --guard (budget)
+        seconds = rng.uniform(80.0, 160.0) if way == "run" else rng.uniform(1800.0, 7200.0)
+        step = max(step, seconds / 100) if way != "run" else min(step, seconds / 10)
+    # No job allocates faster than a node faults pages in: stretch the job's time (its step,
+    # its shape's periods and life) until its fastest climb is at most MAX_RATE.
+    stretch = max(1.0, fastest(kind, params, limit, startup, step, seconds) / MAX_RATE)
+    if way == "run":  # its 0.1 s checks: a run --guard job of at most ~240 s (the budget)
+        stretch = min(stretch, max(1.0, 240.0 / seconds))
+    if stretch > 1.0:
+        step, seconds = step * stretch, seconds * stretch
+        params = {k: v * stretch if k in TIMES else v for k, v in params.items()}
     load = "loaded" if rng.random() < 0.5 else "quiet"
     where = "" if leaks or kind not in NEAR_AND_FAR else (", near" if near else ", far")
     return SimJob(index, kind + where, kind, leaks, way, load, limit, step, startup,
                   startup_seconds, seconds, checkpoint, disk_rate, rng.uniform(0.05, 1.0),
                   seed, tuple(sorted(params.items())))
+
+
+# Bytes per second a job can allocate at most: page faults of fresh anonymous memory run at
+# ~1-4 GiB/s a thread (memset of new pages, measured on x86 servers), a few threads' worth.
+MAX_RATE = 4 * GiB
+TIMES = ("period", "hold", "over", "every", "up")  # the parameters that are seconds
+
+
+def fastest(kind: str, p: dict[str, float], limit: int, startup: int, step: float,
+            seconds: float) -> float:
+    """The fastest the shape allocates (bytes/s): its steepest climb, a piece taken within
+    one step."""
+    height = (p["peak"] - p["floor"]) * limit
+    room = limit - startup - p["floor"] * limit
+    rates = {
+        "sawtooth within a step": height / step,
+        "sawtooth across steps": height / p.get("period", 1.0),
+        "in-step peak": height / (0.5 * step),
+        "warm-up plateau to 85 %": (p["peak"] * limit - startup) / p.get("over", 1.0)
+        * (4.1 if p.get("concave") else 1.0),
+        "first step takes most": (p["peak"] * limit - startup) / step,
+        "evaluation spikes": height / p.get("up", 1.0),
+        "batch-size noise": 2 * height / step,
+        "ramp, then sawtooth": max(height / p.get("period", 1.0),
+                                   p["floor"] * limit / p.get("over", 1.0)),
+        "linear leak": room / seconds, "slow leak": room / seconds,
+        "accelerating leak": 2 * room / seconds,
+        "stairs": p.get("piece", 0.0) * limit / step,
+        "bursty leak": 0.08 * limit / step,
+        "leak under a sawtooth": p.get("amplitude", 0.0) * limit / p.get("period", 1.0)
+        + room / seconds,
+        "evaluation leak": room / ((1 - p.get("begins", 0.0)) * seconds),
+    }
+    return rates[kind]
 
 
 def _params(rng: random.Random, kind: str, near: bool, limit: int, startup: int,
@@ -297,46 +341,94 @@ def _leak(job: SimJob, p: dict[str, float], floor: float) -> Shape:
 def life_of(job: SimJob) -> float:
     """When the kernel kills the job unguarded (its own seconds): the first time its
     working set reaches its limit; inf for a healthy job (its peaks stay under 96 %)."""
-    if not job.leaks:
-        return math.inf
+    return reaches(job, job.limit) if job.leaks else math.inf
+
+
+def reaches(job: SimJob, line: float) -> float:
+    """The first time (the job's own seconds) a leaking job's working set reaches `line`
+    bytes (at least its floor)."""
     t0 = job.startup_seconds
     p = dict(job.params)
     floor = p["floor"] * job.limit
     room = job.limit - job.startup - floor
-    if job.kind == "bursty leak":  # the first piece that reaches the room
+    need = line - job.startup - floor  # what the leak must add
+    if job.kind == "bursty leak":  # the first piece that reaches the line
         times, held = bursty(random.Random(job.seed + 11), job.limit, room, job.seconds)
-        return t0 + next(t for t, h in zip(times, held) if job.startup + floor + h >= job.limit)
+        return t0 + next(t for t, h in zip(times, held) if job.startup + floor + h >= line)
+    life = job.seconds
     if job.kind == "leak under a sawtooth":
         # Each period climbs linearly to its top, then drops: the first period whose top
-        # reaches the room holds the crossing, found on its line.
+        # reaches the line holds the crossing, found on its line.
         amp, period = p["amplitude"] * job.limit, p["period"]
-        off, rise, life = p["phase"] * period, room - amp, job.seconds
+        off, rise = p["phase"] * period, room - amp
         slope = rise / life + amp / period
         k = 0
-        while rise * ((k + 1) * period - off) / life + amp < room:
-            k += 1  # the top of window k (just before its drop) is under the room
+        while rise * ((k + 1) * period - off) / life + amp < need:
+            k += 1  # the top of window k (just before its drop) is under the line
         start = max(0.0, k * period - off)
-        return t0 + max(start, (room + amp * (k * period - off) / period) / slope)
-    return t0 + job.seconds  # the shapes reach the room exactly at their life
+        return t0 + max(start, (need + amp * (k * period - off) / period) / slope)
+    share = min(1.0, max(0.0, need / room))
+    if job.kind in ("linear leak", "slow leak"):
+        return t0 + life * share
+    if job.kind == "accelerating leak":
+        return t0 + life * math.sqrt(share)
+    if job.kind == "evaluation leak":
+        begins = p["begins"] * life
+        return t0 + begins + (life - begins) * share
+    if job.kind == "stairs":
+        piece = p["piece"] * job.limit
+        every = life / math.ceil(room / piece)
+        return t0 + every * math.ceil(need / piece - 1e-9)
+    raise ValueError(f"no shape {job.kind!r}")
+
+
+# The highest a healthy job of these classes peaks: a guard that never stops one cannot
+# tell a leak from it before the working set passes this share of the limit.
+HEALTHY_PEAK = 0.95
+
+
+def within_reach(job: SimJob) -> bool:
+    """Whether a guard that never stops a healthy job could save this leak: its real save,
+    plus the wait for the stop (the check at the step's end; under run --guard the 0.1 s
+    check, then the step's end the job saves at), fits between the last moment it could
+    be told from a healthy job and the kill. That moment: for a continuous leak, when it
+    passes HEALTHY_PEAK of the limit; for one in pieces (stairs, bursty), the piece before
+    the one that kills it (a piece repeated is its evidence: policy.LargestRise)."""
+    life = life_of(job)
+    wait = max(job.step, RUN_INTERVAL) if job.way != "run" else RUN_INTERVAL + job.step
+    if job.kind == "stairs":
+        p = dict(job.params)
+        room = job.limit - job.startup - p["floor"] * job.limit
+        told = life - job.seconds / math.ceil(room / (p["piece"] * job.limit))
+    elif job.kind == "bursty leak":
+        p = dict(job.params)
+        room = job.limit - job.startup - p["floor"] * job.limit
+        times, _ = bursty(random.Random(job.seed + 11), job.limit, room, job.seconds)
+        told = job.startup_seconds + max(t for t in times if job.startup_seconds + t < life)
+    else:
+        told = seen(job, reaches(job, HEALTHY_PEAK * job.limit), life)
+    return life - told >= job.save_seconds + wait
+
+
+def seen(job: SimJob, since: float, until: float) -> float:
+    """The first check time from `since` on at which the working set is past HEALTHY_PEAK
+    of the limit (`until` if none): a check sees the working set at its own moments only,
+    the end of a step (at least 0.1 s apart, as bench/simulate.py checks) or every 0.1 s
+    under run --guard, and a sawtooth's top between two checks is never seen."""
+    ws, line, t0 = working_set(job), HEALTHY_PEAK * job.limit, job.startup_seconds
+    grid = RUN_INTERVAL if job.way == "run" else \
+        job.step * max(1, round(RUN_INTERVAL / job.step))
+    k = max(0, math.ceil((since - t0) / grid - 1e-9))
+    while t0 + k * grid < until:
+        if ws(t0 + k * grid + 1e-6 * grid) >= line:
+            return t0 + k * grid
+        k += 1
+    return until
 
 
 def bursty(rng: random.Random, limit: int, room: float,
            life: float) -> tuple[list[float], list[float]]:
-    """campaign_shapes.bursty's walk (pieces of 1-8 % of the limit, a quarter of them frees)
-    at a pace scaled to the life (one every 0.5-3.75 % of it, the campaign's 0.2-1.5 s of
-    40 s), scaled so that its level at `life` is the room; drawn again when that needs a
-    scale over 3. (times, level held from each time on), the level ending above the room."""
-    while True:
-        times, held, now, level = [0.0], [0.0], 0.0, 0.0
-        while now < life * 2:
-            now += rng.uniform(0.005, 0.0375) * life
-            piece = rng.uniform(0.01, 0.08) * limit
-            level = max(0.0, level - piece if rng.random() < 0.25 else level + piece)
-            times.append(now)
-            held.append(level)
-        at_life = next((h for t, h in zip(reversed(times), reversed(held)) if t <= life), 1.0)
-        scale = room / max(at_life, 1.0)
-        if scale <= 3.0 and max(held) * scale >= room:
-            return times, [h * scale for h in held]
-
-
+    """campaign_shapes.bursty's walk at a pace scaled to the life (a piece every 0.5-3.75 %
+    of it, the campaign's 0.2-1.5 s of 40 s), one that reaches the room."""
+    return campaign.bursty_walk(rng, limit, room, life, (0.005 * life, 0.0375 * life),
+                                must_reach=True)
