@@ -22,8 +22,9 @@ comes from these, in this order (policy.decide):
 3. FORECAST (not while `available` is no deeper than a depth the job came back from:
    policy.LargestRise.came_back): a level's working set reaches its limit in fewer seconds
    than the lead, where seconds = (limit - the peak of the last `span` buckets) / the
-   growth of the scale that gives the soonest licensed answer (forecast.Trend.seconds_left), and lead = a save's
-   seconds x `margin` (1.5) + the longest gap between two checks over the last 5 samples.
+   growth of the scale that gives the soonest licensed answer (forecast.Trend.seconds_left),
+   and lead = a save's seconds x `margin` (1.5) + the longest gap between two checks over
+   the last 5 samples.
    A save's seconds: the longest of the last 5 timed (`saved()`), else `checkpoint_seconds`,
    else `checkpoint_bytes` (or an adapter's estimate) / `write_rate`, at least 1 s, and
    1 s when no size is known (policy.save_seconds: not the working set, design §15).
