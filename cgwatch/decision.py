@@ -101,16 +101,18 @@ class Decision:
                  write_rate: Union[int, str] = "100M", margin: float = 1.5,
                  interval: float = 0.5, jitter: float = 0.5, near_interval: float = 0.05,
                  pressure_threshold: float = 0.10, throttle_seconds: float = 30.0,
-                 bucket: float = 1.0, span: int = 12, window: int = 24) -> None:
+                 bucket: float = 1.0, span: int = 12, window: int = 24,
+                 save_delay: float = 0.0) -> None:
         rate = parse_size(write_rate)
         size = None if checkpoint_bytes is None else parse_size(checkpoint_bytes)
         if (checkpoint_seconds is not None and checkpoint_seconds < 0) or margin < 1 \
                 or interval < 0 or near_interval < 0 or not 0 <= jitter < 1 \
                 or throttle_seconds < 0 or rise_margin < 0 or rate <= 0 \
-                or (size is not None and size < 0):
+                or (size is not None and size < 0) or save_delay < 0:
             raise ValueError("guard: checkpoint_seconds >= 0, margin >= 1, intervals >= 0, "
                              "0 <= jitter < 1, throttle_seconds >= 0, "
-                             "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0")
+                             "rise_margin >= 0, write_rate > 0, checkpoint_bytes >= 0, "
+                             "save_delay >= 0")
         self.reserve = reserve if isinstance(reserve, Threshold) else (
             Threshold(bytes=reserve) if isinstance(reserve, int) else Threshold.parse(reserve))
         self.rise_margin, self.throttle_seconds = rise_margin, throttle_seconds
@@ -118,6 +120,10 @@ class Decision:
         # what a save takes, until one is timed: checkpoint_bytes / write_rate x margin
         self.margin, self.write_rate, self.checkpoint_bytes = margin, rate, size
         self._configured = None if checkpoint_seconds is None else float(checkpoint_seconds)
+        # A job that begins its save this long after the stop (HF's enable_jit_checkpoint
+        # waits 3 s for its timer: cli/savedelay.py): part of every save's time, so the
+        # margin covers it as it covers the save.
+        self.save_delay = float(save_delay)
         # The user said what a save takes (its time or its size): no estimate replaces it.
         self._checkpoint_given = checkpoint_seconds is not None or size is not None
         self._saves: deque[float] = deque(maxlen=SAVES_KEPT)
@@ -259,9 +265,9 @@ class Decision:
 
     @property
     def checkpoint_seconds(self) -> float:
-        """What a save takes (policy.save_seconds)."""
-        return policy.save_seconds(self._saves, self._configured, self.checkpoint_bytes,
-                                   self.write_rate)
+        """What a save takes from the stop: `save_delay`, then the save (policy.save_seconds)."""
+        return self.save_delay + policy.save_seconds(self._saves, self._configured,
+                                                     self.checkpoint_bytes, self.write_rate)
 
     @property
     def check_gap(self) -> float:

@@ -66,7 +66,9 @@ from .decision import Decision, LevelSample
 from .logs import reaches_last_resort
 from .policy import EXIT_STATUS, Verdict
 from .ranks import Agreement
+from .recordfile import DEFAULT_MAX_BYTES, end_record, recorded_decision
 from .trends import forecastable, working_set
+from .wouldstop import Judged, Observer, summary_line, would_stop_line
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -105,7 +107,11 @@ class Guard:
     per time scale). `sync_every`: checks between two agreements
     of all ranks (module docstring; 0: never, each rank decides alone); `ranks`: the group
     to agree in (anything with `rank` and a collective `max(int) -> int`; default
-    torch.distributed's default group, once initialised).
+    torch.distributed's default group, once initialised). `observe`: decide, do nothing
+    (`would_stops()`); `record`: a file of the decision's inputs for `cgwatch replay`, at
+    most `record_bytes` (docs/guard.md, "Check it before you let it act"). `save_delay`:
+    seconds the job waits after the stop before its save begins (a trainer's own signal
+    handler: HF's `enable_jit_checkpoint` waits 3 s), part of `checkpoint_seconds`.
     """
 
     def __init__(self, monitor: Optional[Monitor] = None, *,
@@ -117,7 +123,9 @@ class Guard:
                  pressure: str = "full", pressure_threshold: float = 0.10,
                  throttle_seconds: float = 30.0, events: Union[bool, Events] = True,
                  bucket: float = 1.0, span: int = 12, window: int = 24, sync_every: int = 10,
-                 ranks: Optional[Ranks] = None) -> None:
+                 ranks: Optional[Ranks] = None, observe: bool = False,
+                 record: Optional[str] = None, record_bytes: int = DEFAULT_MAX_BYTES,
+                 save_delay: float = 0.0) -> None:
         if monitor is None:
             from .default import default_monitor
 
@@ -126,12 +134,14 @@ class Guard:
             raise ValueError(f"pressure must be 'some' or 'full', not {pressure!r}")
         if sync_every < 0:
             raise ValueError("guard: sync_every >= 0")
-        self._decision = Decision(
+        options: dict[str, Any] = dict(
             reserve=reserve, rise_margin=rise_margin, checkpoint_seconds=checkpoint_seconds,
             checkpoint_bytes=checkpoint_bytes, write_rate=write_rate, margin=margin,
             interval=interval, jitter=jitter, near_interval=near_interval,
             pressure_threshold=pressure_threshold, throttle_seconds=throttle_seconds,
-            bucket=bucket, span=span, window=window)
+            bucket=bucket, span=span, window=window, save_delay=save_delay)
+        self._decision = Decision(**options) if record is None else \
+            recorded_decision(record, options, observe, record_bytes)
         self.monitor = monitor
         self.pressure = pressure
         self._reader = LevelReader(monitor, pressure)
@@ -150,6 +160,9 @@ class Guard:
             self._events = events
         if self._events is not None:
             self._events.subscribe(self._reader.on_event)
+        self._observer = Observer() if observe else None
+        if observe:  # on this instance only: an acting guard's check() pays nothing for it
+            self.check = self._observed_check  # type: ignore[method-assign]
 
     # ---- the per-step call --------------------------------------------------------------------
 
@@ -174,6 +187,20 @@ class Guard:
         if verdict.key() != previous.key():
             self._announce(verdict)
         return self._agreement.at_check(verdict, step)
+
+    def _observed_check(self, step: Optional[int] = None) -> Verdict:
+        """check() in observe mode: the decision kept as a would-be stop, *go on* answered."""
+        assert self._observer is not None
+        return self._observer.seen(_monotonic(), Guard.check(self, step), self._reader.killed)
+
+    @property
+    def observe(self) -> bool:
+        return self._observer is not None
+
+    def would_stops(self, ended: Optional[float] = None,
+                    killed_at: Optional[float] = None) -> list[Judged]:
+        """Observe mode: each would-be stop judged (wouldstop.Observer.judged); else []."""
+        return self._observer.judged(ended, killed_at) if self._observer is not None else []
 
     def exit(self, verdict: Optional[Verdict] = None) -> NoReturn:
         """End the job after its save: print `verdict.message()` (default: the last one
@@ -287,8 +314,13 @@ class Guard:
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Detach from the events (closing them if the guard made them)."""
+    def close(self, oom_killed: bool = False) -> None:
+        """Detach from the events (closing them if the guard made them); the job ended now
+        (`oom_killed`: as `cgwatch run` knows): the would-be stops logged, the record ended."""
+        now = _monotonic()
+        if self._observer is not None:
+            log.info("%s", summary_line(self._observer.judged(now, now if oom_killed else None)))
+        end_record(self._decision, now, oom_killed)
         events = self._events
         if events is not None:
             events.unsubscribe(self._reader.on_event)
@@ -303,7 +335,8 @@ class Guard:
 
     def _announce(self, verdict: Verdict) -> None:
         if verdict.stop:
-            line = verdict.message()
+            line = verdict.message() if self._observer is None \
+                else would_stop_line(verdict.message())
             log.warning("%s", line)
             if reaches_last_resort(log, logging.WARNING):
                 self._on_stderr = line  # written to stderr as it is: exit() need not again

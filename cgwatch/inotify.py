@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 # do differ between architectures: os has the right ones.
 IN_MODIFY = 0x00000002
 IN_ATTRIB = 0x00000004
+IN_CLOSE_WRITE = 0x00000008
+IN_CLOSE_NOWRITE = 0x00000010
+IN_OPEN = 0x00000020
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
 IN_DELETE = 0x00000200
 IN_DELETE_SELF = 0x00000400
@@ -38,6 +43,7 @@ IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
 IN_MASK_ADD = 0x20000000
+IN_ISDIR = 0x40000000
 IN_CLOEXEC = os.O_CLOEXEC
 IN_NONBLOCK = os.O_NONBLOCK
 
@@ -51,6 +57,9 @@ MASKS = {
     "limit": IN_MODIFY | IN_DELETE_SELF,
     "files": IN_MODIFY | IN_DELETE_SELF,  # a subscriber's (v2 memory.events)
     "dir": IN_DELETE | IN_DELETE_SELF | IN_ONLYDIR,
+    # a checkpoint directory (cli/ckptwatch.py): no IN_MODIFY, one event per write(2)
+    "saves": IN_CREATE | IN_OPEN | IN_CLOSE_WRITE | IN_CLOSE_NOWRITE | IN_MOVED_FROM
+    | IN_MOVED_TO | IN_DELETE_SELF | IN_ONLYDIR,
 }
 
 
@@ -59,7 +68,7 @@ class Target(Frozen):
 
     __slots__ = _fields = ("path", "kind", "level_index")
     path: str
-    kind: str  # "limit", "dir" or "files" (asked for by a subscriber)
+    kind: str  # "limit", "dir", "files" (asked for by a subscriber) or "saves"
     level_index: int  # which level (0 = the process's own cgroup)
 
     def __init__(self, path: str, kind: str, level_index: int) -> None:

@@ -35,15 +35,19 @@ from . import counters, names, values
 from .monitor import HOST
 from .names import FileNames
 from .trends import LevelTrends
+from .wouldstop import FALSE, NEEDED, OPEN
+from .wouldstop import counts as would_stop_counts
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from .forecast import Trend
+    from .guard import Guard
     from .monitor import LevelInfo, Monitor, Status
     from .tree import Level
 
-__all__ = ["DEFAULT_PORT", "MonitorCollector", "parse_pressure_totals", "start_http_server"]
+__all__ = ["DEFAULT_PORT", "GuardCollector", "MonitorCollector", "parse_pressure_totals",
+           "start_http_server"]
 
 log = logging.getLogger("cgwatch")
 
@@ -73,6 +77,8 @@ UNDER_OOM_METRIC = "cgwatch_cgroup_under_oom"
 INFO_METRIC = "cgwatch_monitor"  # exposed with _info
 GROWTH_METRIC = "cgwatch_cgroup_working_set_growth_bytes_per_second"
 SECONDS_TO_LIMIT_METRIC = "cgwatch_cgroup_seconds_to_limit"
+WOULD_STOP_METRIC = "cgwatch_guard_would_stop"  # exposed with _total
+WOULD_STOP_OPEN_METRIC = "cgwatch_guard_would_stops_open"
 
 
 def parse_pressure_totals(text: values.Text) -> dict[str, float]:
@@ -306,6 +312,41 @@ class MonitorCollector(Collector):
                 self._logged.clear()
             self._logged.add(key)
         log.warning("%s", message)
+
+
+class GuardCollector(Collector):
+    """Observe mode's counts of one guard in this process (`Guard(observe=True)`), read at
+    each scrape: `cgwatch_guard_would_stop_total{judged="false"|"needed"}` (a would-be stop
+    is counted once it is judged, and its judgement never changes after: a counter) and
+    `cgwatch_guard_would_stops_open` (those not judged yet: a gauge). Register it next to a
+    `MonitorCollector` in the job's own registry:
+
+        registry.register(cgwatch.prometheus.GuardCollector(guard))
+
+    Only in the guard's process: `cgwatch serve`, a process of its own (a sidecar), cannot
+    see a guard in another; `cgwatch run --guard --observe` gives the counts in its report
+    (`--json`: `observe`) instead. Past the first 1000 would-be stops, later ones are not
+    counted (wouldstop.Episodes keeps that many)."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def describe(self) -> Iterable[Metric]:
+        return [CounterMetricFamily(WOULD_STOP_METRIC, ""),
+                GaugeMetricFamily(WOULD_STOP_OPEN_METRIC, "")]
+
+    def collect(self) -> Iterator[Metric]:
+        counts = would_stop_counts(self.guard.would_stops())
+        total = CounterMetricFamily(
+            WOULD_STOP_METRIC, "Stops an observing guard would have made, by how what "
+            "followed judged them: false (the job went on), needed (it reached its limit).",
+            labels=["judged"])
+        for judged in (FALSE, NEEDED):
+            total.add_metric([judged], counts[judged])
+        open_now = GaugeMetricFamily(WOULD_STOP_OPEN_METRIC, "Would-be stops not judged "
+                                     "yet (standing, or cleared less than a lead ago).")
+        open_now.add_metric([], counts[OPEN])
+        return iter([total, open_now])
 
 
 def start_http_server(port: int = DEFAULT_PORT, addr: str = "127.0.0.1", *,

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from cgwatch import Monitor
 from cgwatch.envswitch import switch_on
 from cgwatch.testdoor import forget_inotify_refusals
 from tests.cgroup_helpers import writable_reason
-from tests.fake_tree import FakeHost
+from tests.fake_tree import FakeHost, GiB
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -53,3 +54,18 @@ def opened() -> Iterator[list[Any]]:
     yield made
     for thing in reversed(made):
         thing.close()
+
+
+@pytest.fixture
+def job_host(tmp_path: Any) -> FakeHost:
+    """A v2 FakeHost whose process is in /job, limited to 4 GiB (the guard's tests)."""
+    host = FakeHost(str(tmp_path), 2, cgroup_path="/job")
+    host.make_path({"/job": 4 * GiB})
+    return host
+
+
+@pytest.fixture
+def job_monitor(job_host: FakeHost) -> Iterator[Monitor]:
+    """A thread-free Monitor of `job_host`."""
+    with Monitor(job_host.root, thread=False) as m:
+        yield m

@@ -3,7 +3,8 @@
 docs/never-lose-a-job.md shows. Plain Python, no cgwatch inside.
 
     python tests/restart_job.py --dir DIR --steps N [--step-seconds S] [--leak-mib M]
-        [--need-at STEP --need-mib M] [--log FILE]
+        [--need-at STEP --need-mib M] [--save-at STEP,... --save-mib M --save-seconds S]
+        [--log FILE]
 
 The model: a linear regression fitted by SGD on samples drawn from its own random.Random;
 each step logs its loss. The state is the step, the RNG's state, the weights and the losses:
@@ -19,6 +20,10 @@ stopped.
 - `--need-at K --need-mib M`: from step K on, the step needs M MiB held (gathered 0.4 MiB
   every 0.05 s, 8 MiB/s) before it can run: a steady state that does not fit a smaller limit,
   which no restart outruns.
+- `--save-at K,...`: a periodic checkpoint at the end of step K (as a training loop's
+  save_steps): `step-K.json`, then `payload-K.bin`, `--save-mib` MiB written in 16 pieces
+  over `--save-seconds` seconds (a checkpoint's big files, the optimizer's state, say: what
+  `run --guard --checkpoint-dir` learns a save's time from).
 - `--log FILE`: one line `attempt step loss` per step done, appended (attempt: the restart
   number, 0 first), to count redone steps.
 At the end it saves a last checkpoint (`step-N.json`, the losses complete) and prints `done`.
@@ -100,6 +105,10 @@ def main() -> int:
     parser.add_argument("--leak-mib", type=float, default=0.0)
     parser.add_argument("--need-at", type=int, default=-1)
     parser.add_argument("--need-mib", type=float, default=0.0)
+    parser.add_argument("--save-at", type=lambda text: {int(k) for k in text.split(",")},
+                        default=set())
+    parser.add_argument("--save-mib", type=float, default=8.0)
+    parser.add_argument("--save-seconds", type=float, default=0.0)
     parser.add_argument("--log", default=None)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -140,7 +149,21 @@ def train(args: argparse.Namespace, state: dict[str, Any], rng: random.Random, a
         state["step"] += 1
         if args.leak_mib:
             leaked.append(b"\x01" * int(args.leak_mib * MiB))
+        if state["step"] in args.save_at:
+            save(args.dir, state)
+            write_payload(os.path.join(args.dir, f"payload-{state['step']:06d}.bin"),
+                          int(args.save_mib * MiB), args.save_seconds)
         time.sleep(args.step_seconds)
+
+
+def write_payload(path: str, size: int, seconds: float) -> None:
+    """`size` bytes in 16 pieces over `seconds` (a checkpoint's big file written)."""
+    with open(path, "wb") as f:
+        for k in range(16):
+            if k:
+                time.sleep(seconds / 15)
+            f.write(b"\x02" * (size // 16))
+            f.flush()
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ def test_python_dash_m_cgwatch_runs_the_table(host: FakeHost) -> None:
     (["run", "--guard", "--signal", "0", "--", "true"], "not a signal number"),
     (["run", "--guard", "--checkpoint-seconds", "-1", "--", "true"], "0 or more seconds"),
     (["run", "--guard", "--reserve", "100%", "--", "true"], "between 0 and 1"),
+    (["run", "--observe", "--", "true"], "--observe needs --guard"),
+    (["replay", "x.rec", "--margin", "0.5"], "must be 1 or more"),
+    (["replay", "x.rec", "--checkpoint-seconds", "-1"], "0 or more seconds"),
     (["--frobnicate"], "unrecognized arguments"),
 ])
 def test_impossible_values_are_usage_errors(host: FakeHost, argv: list[str],

@@ -262,6 +262,18 @@ def _run_args(command: list[str], guard: bool = False, **options: Any) -> Any:
                  (["true"], "--restart-delay needs --restarts"), id="delay-without-restarts"),
     pytest.param(_run_args(["true"], guard=True, restarts=0, restart_delay=2.0), (["true"], ""),
                  id="restarts-0-with-a-delay"),
+    pytest.param(_run_args(["true"], observe=True), (["true"], "--observe needs --guard"),
+                 id="observe-without-guard"),
+    pytest.param(_run_args(["true"], record="r"), (["true"], "--record needs --guard"),
+                 id="record-without-guard"),
+    pytest.param(_run_args(["true"], guard=True, observe=True, record="r"), (["true"], ""),
+                 id="observe-and-record"),
+    pytest.param(_run_args(["true"], guard=True, observe=True, restarts=2),
+                 (["true"], "--restarts with --observe: an observing guard never stops CMD"),
+                 id="observe-never-restarts"),
+    pytest.param(_run_args(["true"], guard=True, record="r", restarts=2),
+                 (["true"], "--record with --restarts: a record holds one guard's life"),
+                 id="one-record-one-life"),
 ])
 def test_run_check_arguments(args: Any, expected: tuple[list[str], str]) -> None:
     from cgwatch.cli.run import check_arguments

@@ -11,6 +11,14 @@ charged there too).
 - A steady state that does not fit (from step 20 the job needs 200 MiB held): stopped at step
   20, restarted, stopped at step 20 again: run says it is the same stop and exits 75 with
   restarts left.
+- The lead learned from the job's own periodic checkpoints (issue 32 item 2): the job saves
+  at step 10 as a training loop does, `payload-000010.bin` 8 MiB written over 3 s (it waits
+  for it, as a synchronous save), then leaks as above, under `run --guard --checkpoint-dir`
+  without --checkpoint-seconds. The first life learns the save (inotify), 3 s and 8 MiB:
+  its stop's lead is that x the margin 1.5, where a job with no size known is given 1.5 s
+  (1 s, x 1.5); saved, 75, no OOM kill. A new `run` on
+  the same DIR (a scheduler's requeue on 75) starts from DIR/.cgwatch-guard.json, says so,
+  and stops with the lead the first life learned before any save of its own.
 Checked on 6.18, cgroup v1."""
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -46,15 +55,22 @@ def prepared(tree: Tree, tmp_path: object) -> tuple[str, str, str]:
     return job, directory, os.path.join(str(tmp_path), "steps.log")
 
 
-def run_restarting(tree: Tree, cgroup: str, directory: str, log: str,
-                   job: tuple[str, ...], options: tuple[str, ...] = ()) -> tuple[int, str, str]:
-    argv = [sys.executable, "-m", "cgwatch.cli", "run", "--guard", "--checkpoint-seconds",
-            "2", "--checkpoint-dir", directory, "--restarts", "3", "--restart-delay", "0.5",
-            *options, "--", sys.executable, JOB, "--dir", directory, "--log", log, *job]
+def run_job(tree: Tree, cgroup: str, options: tuple[str, ...], job: tuple[str, ...]
+            ) -> tuple[int, str, str]:
+    """`cgwatch run OPTIONS -- python restart_job.py JOB` in `cgroup`: status, out, err."""
+    argv = [sys.executable, "-m", "cgwatch.cli", "run", *options, "--", sys.executable, JOB,
+            *job]
     proc = tree.spawn(cgroup, f"import sys\nos.execv(sys.executable, {argv!r})\n")
     out, err = proc.communicate(timeout=400)
     print(err)  # the transcript (pytest -s shows it; a failure shows it always)
     return proc.returncode, out, err
+
+
+def run_restarting(tree: Tree, cgroup: str, directory: str, log: str,
+                   job: tuple[str, ...], options: tuple[str, ...] = ()) -> tuple[int, str, str]:
+    return run_job(tree, cgroup, ("--guard", "--checkpoint-seconds", "2", "--checkpoint-dir",
+                                  directory, "--restarts", "3", "--restart-delay", "0.5",
+                                  *options), ("--dir", directory, "--log", log, *job))
 
 
 def reference_losses(directory: str, steps: int) -> list[float]:
@@ -197,3 +213,63 @@ def test_the_whole_life_in_one_picture_and_one_report(tree: Tree, tmp_path: obje
     with open(picture, "rb") as f:
         content = f.read()
     assert content.startswith(b"\x89PNG\r\n\x1a\n") and len(content) > 10_000
+
+
+SAVE_SECONDS = 3.0
+
+
+def one_life(tree: Tree, cgroup: str, directory: str, report: str, log: str
+             ) -> tuple[int, str, dict[str, Any]]:
+    """One run of the job that saves at step 10, then leaks; its status, err and report."""
+    status, _, err = run_job(
+        tree, cgroup, ("--guard", "--checkpoint-dir", directory, "--report", report),
+        ("--dir", directory, "--log", log, "--steps", str(STEPS), "--step-seconds", "0.2",
+         "--leak-mib", "1.6", "--save-at", "10", "--save-mib", "8", "--save-seconds",
+         str(SAVE_SECONDS)))
+    with open(report) as f:
+        return status, err, json.load(f)
+
+
+def test_the_lead_is_learned_from_the_jobs_saves_and_kept_for_its_requeue(
+        tree: Tree, tmp_path: Any) -> None:
+    job, directory, log = prepared(tree, tmp_path)
+
+    status, err, first = one_life(tree, job, directory, str(tmp_path / "first.json"), log)
+    assert status == 75, err
+    assert oom_kills(job, tree.version) == 0
+    assert "learned by earlier runs" not in err
+    learned = first["learned"]
+    assert learned["watching"] == "inotify" and learned["loaded"] is None, learned
+    [save] = learned["saves"]
+    # step-000010.json (~8 kB) and the payload, first open to last close: 3 s of writes,
+    # more on a loaded machine (each event timed when read: a few ms late)
+    assert (save["files"], save["name"]) == (2, "payload-000010.bin"), save
+    assert 8 * MiB < save["bytes"] < 8 * MiB + 64 * 1024, save
+    assert SAVE_SECONDS - 0.1 <= save["seconds"] < SAVE_SECONDS + 1.5, save
+    # the lead: that save x 1.5, plus the longest time between two of run's checks (0.1 s
+    # apart; under 0.5 s on the loaded machine: Guard.check_gap)
+    stop = first["guard"]
+    assert 1.5 * save["seconds"] <= stop["lead"] < 1.5 * save["seconds"] + 0.5, stop
+    assert stop["saved"] and stop["checkpoint"].endswith(".json"), stop
+    stopped_at = int(os.path.basename(stop["checkpoint"])[5:11])
+    assert stopped_at > 10  # after the periodic save, before the limit
+
+    status, err, second = one_life(tree, job, directory, str(tmp_path / "second.json"), log)
+    assert status == 75, err
+    assert oom_kills(job, tree.version) == 0
+    state = os.path.join(directory, ".cgwatch-guard.json")
+    lines = [line for line in err.splitlines() if "learned by earlier runs" in line]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"cgwatch guard: starting from 2 saves learned by earlier runs ({state}): "
+        f"the longest {save['seconds']:.1f} s, 8.0 MiB; lead "), err
+    loaded = second["learned"]["loaded"]
+    assert [(s["how"], s["seconds"], s["bytes"]) for s in loaded] == [
+        ("watched", save["seconds"], save["bytes"]),
+        ("signal", stop["seconds_to_exit"], None)], loaded
+    assert second["learned"]["saves"] == []  # none of its own: the stop's is under 1 MiB
+    again = second["guard"]
+    assert 1.5 * save["seconds"] <= again["lead"] < 1.5 * save["seconds"] + 0.5, again
+    with open(log) as f:
+        steps = [int(line.split()[1]) for line in f]
+    # every step once, in order: the requeued job went on from the step its stop saved
+    assert steps == list(range(len(steps))) and len(steps) > stopped_at, steps

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
 from typing import Optional
 
 import pytest
@@ -34,16 +33,13 @@ class Group:
 
 
 @pytest.fixture
-def host(tmp_path: object) -> FakeHost:
-    host = FakeHost(str(tmp_path), 2, cgroup_path="/job")
-    host.make_path({"/job": 4 * GiB})
-    return host
+def host(job_host: FakeHost) -> FakeHost:
+    return job_host  # conftest.py's: /job limited to 4 GiB
 
 
 @pytest.fixture
-def monitor(host: FakeHost) -> Iterator[Monitor]:
-    with Monitor(host.root, thread=False) as m:
-        yield m
+def monitor(job_monitor: Monitor) -> Monitor:
+    return job_monitor
 
 
 @pytest.mark.parametrize("sent, agreed", [

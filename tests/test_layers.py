@@ -60,6 +60,10 @@ LAYER = {
     "cgwatch.sampling": "pure rules",
     "cgwatch.trends": "pure rules",
     "cgwatch.timeline": "pure rules",
+    "cgwatch.wouldstop": "pure rules",
+    "cgwatch.guardrecord": "pure rules",
+    "cgwatch.guardreplay": "pure rules",
+    "cgwatch.savetimes": "pure rules",
     # Read kernel files, own descriptors.
     "cgwatch.files": "I/O edges",
     "cgwatch.kept": "I/O edges",
@@ -74,6 +78,7 @@ LAYER = {
     "cgwatch.shm": "I/O edges",
     "cgwatch.ranks": "I/O edges",
     "cgwatch.saves": "I/O edges",
+    "cgwatch.recordfile": "I/O edges",
     # The thread, the watch set, the immutable snapshot, the seam types.
     "cgwatch.loop": "machinery",
     "cgwatch.seam": "machinery",
@@ -100,6 +105,7 @@ LAYER = {
     "cgwatch.integrations._guarded": "public API",
     "cgwatch.integrations.transformers": "public API",
     "cgwatch.integrations.lightning": "public API",
+    "cgwatch.integrations.ray": "public API",
     "cgwatch.integrations.switches": "public API",
     # `cgwatch` itself: the module functions, the default monitor, the lazy names.
     "cgwatch": "package",
@@ -116,6 +122,10 @@ LAYER = {
     "cgwatch.cli.plot": "commands",
     "cgwatch.cli.run": "commands",
     "cgwatch.cli.runguard": "commands",
+    "cgwatch.cli.observed": "commands",
+    "cgwatch.cli.replay": "commands",
+    "cgwatch.cli.ckptwatch": "commands",
+    "cgwatch.cli.savedelay": "commands",
     "cgwatch.cli.restarts": "commands",
     "cgwatch.cli.runlog": "commands",
     "cgwatch.cli.runverbose": "commands",
@@ -142,8 +152,8 @@ PUBLIC = {
     "cgwatch.psutil_view", "cgwatch.prometheus", "cgwatch.guard", "cgwatch.integrations",
     "cgwatch.integrations.__main__", "cgwatch.integrations.deepspeed",
     "cgwatch.integrations.deepspeed_guard", "cgwatch.integrations.transformers",
-    "cgwatch.integrations.lightning", "cgwatch.saves", "cgwatch.cli",
-    "cgwatch.cli.__main__",
+    "cgwatch.integrations.lightning", "cgwatch.integrations.ray", "cgwatch.saves",
+    "cgwatch.cli", "cgwatch.cli.__main__",
 }
 
 
@@ -155,6 +165,7 @@ PURE_STDLIB = frozenset({
     "__future__", "typing", "collections", "collections.abc", "dataclasses", "re",
     "fractions", "decimal", "numbers", "math", "enum", "functools", "itertools", "operator",
     "string", "bisect", "heapq", "abc",
+    "json",  # text to values and back, as re: guardrecord.py's lines
 })
 IMPURE = frozenset({
     "os", "os.path", "io", "sys", "socket", "subprocess", "threading", "time", "signal",
@@ -168,6 +179,7 @@ IMPURE = frozenset({
 ADAPTERS = frozenset({
     "cgwatch.integrations.deepspeed", "cgwatch.integrations.deepspeed_guard",
     "cgwatch.integrations.transformers", "cgwatch.integrations.lightning",
+    "cgwatch.integrations.ray",
 })
 INTEGRATIONS_SHARED = frozenset({
     "cgwatch.integrations", "cgwatch.integrations.__main__", "cgwatch.integrations._autoload",

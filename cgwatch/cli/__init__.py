@@ -59,15 +59,25 @@ def _signal(text: str) -> int:
                                          "or SIGTERM)") from None
 
 
-def _checkpoint_seconds(text: str) -> float:
-    """0 or more seconds (0: a save takes no time; the forecast then never fires)."""
+def _at_least(text: str, least: float, what: str, unit: str) -> float:
+    """A finite number, `least` or more; the errors call it `what` and its `unit`."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not math.isfinite(value) or value < least:
+        raise argparse.ArgumentTypeError(f"must be {least:g} or more{unit}: {text!r}")
     return value
+
+
+def _checkpoint_seconds(text: str) -> float:
+    """0 or more seconds (0: a save takes no time; the forecast then never fires)."""
+    return _at_least(text, 0, "a number of seconds", " seconds")
+
+
+def _margin(text: str) -> float:
+    """A number 1 or more (the guard's margin: the lead is a save's time times it)."""
+    return _at_least(text, 1, "a number", "")
 
 
 def _count(text: str) -> int:
@@ -107,8 +117,9 @@ def _paragraphs(*texts: str) -> str:
 GUARD_HELP = ("--guard: while CMD runs, the memory guard (cgwatch.Guard) watches this "
               "cgroup, CMD's: when headroom falls below --reserve (plus 1.25 x the largest "
               "piece CMD took twice), when the working set is "
-              "predicted to reach a limit sooner than a save takes (--checkpoint-seconds x "
-              "1.5), when another process of the cgroup is OOM-killed, or after 30 s of "
+              "predicted to reach a limit sooner than a save takes ((--save-delay + "
+              "--checkpoint-seconds) x 1.5), when another process of the cgroup is "
+              "OOM-killed, or after 30 s of "
               "throttling above memory.high (v2), it says why on stderr and sends CMD "
               "--signal once (default SIGTERM; SIGUSR1 is what Lightning's Slurm support "
               "answers with a checkpoint). CMD should save on it and exit 0 (or 75): then "
@@ -122,6 +133,12 @@ RESTARTS_HELP = ("--restarts N: a run that would exit 75 (CMD saved after the gu
                  "last one (the number in the saved checkpoint's name, --checkpoint-dir) is "
                  "not a leak a restart outruns: run says so and exits 75 without using the "
                  "rest. Any other status ends the run with it.")
+REPLAY_HELP = _paragraphs(
+    "Feed a guard's record (cgwatch run --guard --record FILE, or cgwatch.Guard(record=FILE)) "
+    "to the guard's decision again. With no option: the live decisions, each checked (exit 1 "
+    "if one differs). With options: where a guard with them would have stopped the job, and "
+    "each would-be stop judged by what followed: false (the job went on), or needed (it was "
+    "OOM-killed while the stop stood or within its lead), with the lead it had.")
 COALESCE_HELP = ("Bursts are coalesced: the first rise of a counter at a level is printed at "
                  "once; further rises of it within 1 s make one line at the end of that second, "
                  "with the number of rises (`[37 rises in 1s]`).")
@@ -220,9 +237,23 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                      metavar="SECONDS",
                      help="--guard: what CMD's save takes (default: CMD's working set at "
                           "100 MiB/s, at least 1 s)")
+    run.add_argument("--save-delay", type=_checkpoint_seconds, default=None,
+                     metavar="SECONDS",
+                     help="--guard: how long CMD waits after the signal before it saves "
+                          "(HF's TrainingArguments(enable_jit_checkpoint=True): 3, then its "
+                          "next step); the guard's lead holds it: (it + the save) x 1.5")
     run.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR); "
-                          "after a save, the newest entry of DIR is named")
+                     help="--guard: where CMD saves (given to it as CGWATCH_CHECKPOINT_DIR): "
+                          "the saves CMD writes there set the guard's lead, kept for the "
+                          "next run in DIR/.cgwatch-guard.json; after a stop's save, the "
+                          "newest entry of DIR is named")
+    run.add_argument("--observe", action="store_true", default=None,
+                     help="--guard: decide, but send nothing: each would-be stop is a line "
+                          "when it comes, and is judged by what followed once CMD ended "
+                          "(false, or needed and with what lead)")
+    run.add_argument("--record", default=None, metavar="FILE",
+                     help="--guard: write every input of the guard's decision to FILE, for "
+                          "`cgwatch replay FILE`")
     run.add_argument("--restarts", type=_count, default=None, metavar="N",
                      help="--guard: start CMD again after a save, up to N times (below)")
     run.add_argument("--restart-delay", type=_checkpoint_seconds, default=None,
@@ -248,7 +279,24 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
                             "namespace (/proc/PID/root) when it has another, e.g. from a "
                             "sidecar; exits when it does, and exits 1 at start if its cgroup "
                             "cannot be found")
-    return {"": top, "watch": watch, "run": run, "serve": serve}
+    replay = subcommands.add_parser(
+        "replay", parents=[common], prog="cgwatch replay", description=REPLAY_HELP,
+        help="replay a guard's record: its live decisions, or where other options stop",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_paragraphs(SIZES_HELP))
+    replay.add_argument("file", metavar="FILE", help="the record")
+    replay.add_argument("--reserve", type=_threshold, default=None, metavar="SIZE|PCT",
+                        help="replay with this reserve (as run --reserve)")
+    replay.add_argument("--checkpoint-seconds", type=_checkpoint_seconds, default=None,
+                        metavar="SECONDS", help="replay with this save time")
+    replay.add_argument("--margin", type=_margin, default=None, metavar="X",
+                        help="replay with this margin (the lead is a save's time x X)")
+    replay.add_argument("--rise-margin", type=_checkpoint_seconds, default=None, metavar="X",
+                        help="replay with this rise margin (0: no room for the largest rise)")
+    replay.add_argument("--json", action="store_true", help="the replay as one JSON object")
+    replay.add_argument("--plot", metavar="FILE",
+                        help="draw the replay to FILE (.png, .svg, .pdf): working set and "
+                             "limit, the would-be stops and their leads; needs cgwatch[plot]")
+    return {"": top, "watch": watch, "run": run, "serve": serve, "replay": replay}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -283,6 +331,10 @@ def _dispatch(argv: Optional[list[str]]) -> int:
         from . import run
 
         return run.run_command(args)
+    if name == "replay":
+        from . import replay
+
+        return replay.run_replay(args)
     if name == "serve":
         from . import serve
 

@@ -186,6 +186,8 @@ def write_plot(path: str, data: dict[str, Any], title: str) -> Optional[str]:
             # every other attempt shaded: where one life ends and the next begins
             for begin, end in attempt_spans(data["marks"], times[0], times[-1])[1::2]:
                 ax.axvspan(begin, end, color="tab:cyan", alpha=0.07, linewidth=0)
+        for begin, end in data.get("spans", []):  # `cgwatch replay`: each stop's lead
+            ax.axvspan(begin, end, color=MARK_COLOURS["guard"], alpha=0.12, linewidth=0)
         mine = [m for m in data["marks"] if m.get("cgroup_path") in (None, level)]
         for mark in mine:
             ax.axvline(mark["time"], color=MARK_COLOURS.get(mark["kind"], "grey"),

@@ -231,12 +231,20 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], str]:
                                               ("--checkpoint-seconds",
                                                args.checkpoint_seconds),
                                               ("--checkpoint-dir",
-                                               getattr(args, "checkpoint_dir", None)))
+                                               getattr(args, "checkpoint_dir", None)),
+                                              ("--observe", getattr(args, "observe", None)),
+                                              ("--record", getattr(args, "record", None)),
+                                              ("--save-delay",
+                                               getattr(args, "save_delay", None)))
                      if value is not None]
     if getattr(args, "restarts", None) is not None:
         guard_options.append("--restarts")
     if guard_options and not args.guard:
         return command, f"{guard_options[0]} needs --guard"
+    if getattr(args, "observe", None) and getattr(args, "restarts", None) is not None:
+        return command, "--restarts with --observe: an observing guard never stops CMD"
+    if getattr(args, "record", None) and getattr(args, "restarts", None) is not None:
+        return command, "--record with --restarts: a record holds one guard's life"
     if getattr(args, "restart_delay", None) is not None and getattr(args, "restarts",
                                                                     None) is None:
         return command, "--restart-delay needs --restarts"
@@ -376,7 +384,8 @@ def _build_report(args: argparse.Namespace, command: list[str],
     guarding = ran.guarding
     fired = guarding.fired if guarding is not None else None
     status, saves_line = ran.status, ran.saves_line
-    outcome = guarding.outcome(ran.returncode, ran.ended_at) if guarding is not None else None
+    outcome = guarding.outcome(ran.returncode, ran.ended_at, ran.cause.report is not None
+                               and ran.returncode < 0) if guarding is not None else None
     data: dict[str, Any] = {}
     if args.json or args.report:
         data = report_json(command, ran.pid, ran.returncode, ran.cause, ran.runlog,
@@ -387,6 +396,9 @@ def _build_report(args: argparse.Namespace, command: list[str],
                 **fired.as_dict(), "signal": signal_name(guarding.signum),
                 "seconds_to_exit": outcome["seconds"], "saved": outcome["saved"],
                 "checkpoint": outcome["checkpoint"], "outcome": outcome["line"]}
+            data["learned"] = guarding.learned()
+            if outcome is not None and "observe" in outcome:
+                data["observe"] = outcome["observe"]  # --observe (observed.py)
         if ran.saves.expected:
             data["exit_status"] = status
             data["saves"] = {**ran.saves._asdict(), "complete": ran.saves.complete,

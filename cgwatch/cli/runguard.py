@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ..guard import GUARD_EXIT_STATUS, Guard, Verdict
 from .child import exit_status
+from .ckptwatch import STATE_NAME, SaveWatch
 from .explain import signal_name
+from .observed import ObservedRun, observe_options
+from .savedelay import killed_line, seconds_text, timed_save
 
 if TYPE_CHECKING:
     from ..events import Events
@@ -103,13 +106,15 @@ def fire_line(verdict: Verdict, signum: int, name: str, pids: list[int],
 
 def outcome_line(name: str, returncode: int, signum: int, seconds: float,
                  directory: Optional[str], saved_to: Optional[str],
-                 workers: int = 0) -> str:
+                 workers: int = 0, save_delay: float = 0.0) -> str:
     """The line printed after CMD ended, once the guard had signalled it: whether it saved,
     where (`saved_to`: the newest entry of `directory` changed since the signal), how long
     after the signal it ended, and `run`'s exit status (guarded_status's rule). `workers`:
-    how many of torchrun's workers got the signal instead of CMD (0: CMD got it)."""
+    how many of torchrun's workers got the signal instead of CMD (0: CMD got it). CMD killed:
+    savedelay.killed_line (`saved_to` is then what changed since the signal, if anything;
+    `save_delay`: --save-delay)."""
     sent = signal_name(signum)
-    after = f"{_seconds(seconds)} after {sent}"
+    after = f"{seconds_text(seconds)} after {sent}"
     if workers and returncode not in (0, GUARD_EXIT_STATUS) and returncode > 0:
         return (f"cgwatch guard: {name} exited {returncode} {after} to its {workers} "
                 f"worker(s): at least one did not save and exit 0 (its summary above names "
@@ -128,16 +133,12 @@ def outcome_line(name: str, returncode: int, signum: int, seconds: float,
     status = exit_status(returncode)
     if returncode == -signum:
         return (f"cgwatch guard: nothing was saved: {name} has no handler for {sent} and "
-                f"died of it {_seconds(seconds)} after it was sent; exit {status}")
+                f"died of it {seconds_text(seconds)} after it was sent; exit {status}")
     if returncode < 0:
-        return (f"cgwatch guard: {name} was killed by {signal_name(-returncode)} {after}, "
-                f"before it could finish a save; exit {status}")
+        return killed_line(name, -returncode, signum, seconds, save_delay, directory, saved_to,
+                           status)
     return (f"cgwatch guard: {name} exited {returncode} {after}, not 0 or "
             f"{GUARD_EXIT_STATUS}: its save may have failed; exit {status}")
-
-
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s"
 
 
 def find_saved(directory: str, since: float) -> Optional[str]:
@@ -148,6 +149,8 @@ def find_saved(directory: str, since: float) -> Optional[str]:
     try:
         with os.scandir(directory) as entries:
             for entry in entries:
+                if entry.name.startswith(STATE_NAME):
+                    continue  # what the guard learned, not what CMD saved (ckptwatch.py)
                 try:
                     mtime = entry.stat(follow_symlinks=False).st_mtime
                 except OSError:
@@ -173,11 +176,19 @@ class GuardThread:
             kwargs["reserve"] = args.reserve
         if args.checkpoint_seconds is not None:
             kwargs["checkpoint_seconds"] = args.checkpoint_seconds
-        self.guard = Guard(monitor, events=events, **kwargs)
+        kwargs.update(observe_options(args))
+        # --save-delay: CMD saves that long after the signal (savedelay.py): in the lead
+        self.save_delay = getattr(args, "save_delay", None) or 0.0
+        self.guard = Guard(monitor, events=events, save_delay=self.save_delay, **kwargs)
+        self.watching = ObservedRun(self.guard, recorder, args.signal) \
+            if self.guard.observe else None
         for seconds in timed_saves:  # earlier attempts' saves (--restarts): a measured lead
-            self.guard.saved(seconds)
+            self.guard.saved(timed_save(seconds, self.save_delay))
         self.checkpoint_dir: Optional[str] = (getattr(args, "checkpoint_dir", None)
                                               or os.environ.get(CHECKPOINT_DIR_ENV) or None)
+        # the lead learned from the job's own saves there, and kept for its next life
+        self.learning = SaveWatch(self.checkpoint_dir, self.guard) \
+            if self.checkpoint_dir is not None else None
         self.signum = int(args.signal) if args.signal is not None else int(signal.SIGTERM)
         self.fired: Optional[Verdict] = None
         self.fired_at = 0.0  # time.monotonic() when the signal was sent
@@ -201,13 +212,20 @@ class GuardThread:
         self.proc = proc
         self.name = os.path.basename(command[0])
         self.torchrun = is_torchrun(command)
+        if self.learning is not None:
+            self.learning.start()
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self.guard.close()
+        if self.learning is not None:
+            self.learning.close()
+        # CMD ended by SIGKILL: the OOM killer's signal, as the record's end says it (a
+        # `kill -9` reads the same there; run's own report tells them apart, cause.py)
+        proc = self.proc
+        self.guard.close(oom_killed=proc is not None and proc.returncode == -signal.SIGKILL)
 
     def environment(self) -> Optional[dict[str, str]]:
         """CMD's environment: ours, plus CGWATCH_CHECKPOINT_DIR when --checkpoint-dir gave
@@ -217,20 +235,33 @@ class GuardThread:
             return None
         return {**os.environ, CHECKPOINT_DIR_ENV: self.checkpoint_dir}
 
-    def outcome(self, returncode: int, ended_at: float) -> Optional[dict[str, Any]]:
+    def outcome(self, returncode: int, ended_at: float,
+                oom_killed: bool = False) -> Optional[dict[str, Any]]:
         """What came of the signal, once CMD ended at `ended_at` (time.monotonic()): the
         `line` to print, `seconds` from the signal to the end, `saved`, `checkpoint` (where
-        the save went, when known); None when the guard did not fire."""
+        the save went, when known); None when the guard did not fire. `--observe`: the
+        would-be stops judged (`line`, and `observe` for the JSON report; `oom_killed`:
+        CMD itself was OOM-killed at its end)."""
+        if self.watching is not None:
+            return self.watching.outcome(self.name, ended_at, oom_killed)
         if self.fired is None:
             return None
         seconds = max(0.0, ended_at - self.fired_at)
         saved = guarded_status(returncode, self.fired, self.signum) == GUARD_EXIT_STATUS
         saved_to = None
-        if saved and self.checkpoint_dir is not None:
+        if (saved or returncode < 0) and self.checkpoint_dir is not None:
             saved_to = find_saved(self.checkpoint_dir, self.fired_wall)
+        if saved and self.learning is not None:
+            self.learning.signal_save(timed_save(seconds, self.save_delay))
         return {"line": outcome_line(self.name, returncode, self.signum, seconds,
-                                     self.checkpoint_dir, saved_to, self.workers),
-                "seconds": round(seconds, 3), "saved": saved, "checkpoint": saved_to}
+                                     self.checkpoint_dir, saved_to, self.workers,
+                                     self.save_delay),
+                "seconds": round(seconds, 3), "saved": saved,
+                "checkpoint": saved_to if saved else None}
+
+    def learned(self) -> Optional[dict[str, Any]]:
+        """What the lead learned from the job's saves (ckptwatch.py), for the JSON report."""
+        return self.learning.report() if self.learning is not None else None
 
     def _check_until_stopped(self) -> None:
         while not self._stop.wait(self.INTERVAL):

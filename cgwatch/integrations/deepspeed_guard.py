@@ -19,6 +19,12 @@ at every step: ZeRO's save is a collective (each rank writes its optimizer parti
 the guard's all-reduce (cgwatch/ranks.py) gives every rank the same answer at the same step.
 Resume with `engine.load_checkpoint(save_dir, tag)` (tag None: the `latest` file).
 
+In an evaluation loop, call it after every batch too, with the last finished training step
+(an evaluation changes no weight or optimizer state: the save is that step's), every rank
+as often (the agreement is a collective; a stop comes at most `sync_every - 1` calls late);
+on a stop, `guard.exit(verdict)` there: the evaluation cannot be finished first, its
+gathered outputs growing with each batch (docs/guard.md, "In evaluation").
+
 Before a save is timed, unless the guard was given `checkpoint_seconds` or
 `checkpoint_bytes`, its checkpoint size is this rank's part of the state: `engine.module`'s
 and `engine.optimizer`'s (ZeRO's partition of the optimizer state and of the fp32 master

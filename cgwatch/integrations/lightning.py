@@ -22,6 +22,22 @@ cgwatch/ranks.py): Lightning does not sync `should_stop`, and a save is a collec
 after the save; cgwatch/saves.py): `run` then exits 75 once every rank saved, whatever
 Lightning's launcher ended with (137 when its observer killed rank 0 after rank 1's 75).
 
+Validation during `fit()` is checked too (`on_validation_batch_end`, the sanity check's
+batches included), with the same `Guard.check` and the training's global step. A stop there
+saves the same way, records it, and ends the process with `Guard.exit` (SystemExit 75,
+raised out of `fit()`: Lightning itself leaves an evaluation that way on SIGTERM, its
+`SIGTERMException`), since a validation loop cannot be told to stop and its memory (gathered
+outputs, a metric's state) grows batch by batch. A validation changes no weight or optimizer
+state: the file holds the last finished step's state, and `fit(..., ckpt_path=...)` goes on
+at the next training step (Lightning 2.6.6 takes a checkpoint written in a validation batch
+hook as written after it: it neither finishes nor repeats that validation). And since
+Lightning validates before it leaves when `should_stop` is set, a stop in training leaves at
+`on_validation_start` instead, its save done. Under DDP every rank must run the same number
+of validation batches, as Lightning's default `DistributedSampler` gives (it pads the last
+shard). `validate()`, `test()` and `predict()` outside `fit()` are not checked: there is no
+training state to save, and Lightning's predict sampler gives ranks unequal batch counts
+(the guard's agreement is a collective every rank must join as often).
+
 Lightning's own SIGUSR1 auto-requeue (Slurm) is left alone: this callback installs no signal
 handler (Lightning installs its own only where SIGUSR1 has none, so one of ours would turn
 the requeue off: docs/guard.md, "What the adapters rely on").
@@ -40,6 +56,7 @@ from cgwatch.integrations._guarded import GuardUser, LazyClass
 
 if TYPE_CHECKING:
     from cgwatch.guard import Guard
+    from cgwatch.policy import Verdict
 
     GuardCallback: type  # built on first access (module __getattr__)
 
@@ -80,6 +97,25 @@ def _build() -> type:
             verdict = guard.check(trainer.global_step)
             if not verdict.stop or self.stopped is not None:
                 return
+            self._save(trainer, guard, verdict)
+            trainer.should_stop = True
+
+        def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+            if self.stopped is not None and _fitting(trainer):  # saved: leave, not validate
+                self._the_guard().exit(self.stopped)
+
+        def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any,
+                                    batch: Any, batch_idx: int,
+                                    dataloader_idx: int = 0) -> None:
+            if not _fitting(trainer):  # validate() outside fit(): nothing to save
+                return
+            guard = self._the_guard()
+            verdict = guard.check(trainer.global_step)
+            if verdict.stop and self.stopped is None:
+                self._save(trainer, guard, verdict)
+                guard.exit(verdict)
+
+        def _save(self, trainer: Any, guard: Guard, verdict: Verdict) -> None:
             self.stopped = verdict
             directory = self.dirpath or trainer.default_root_dir
             path = os.path.join(directory, self.filename.format(step=trainer.global_step))
@@ -87,9 +123,13 @@ def _build() -> type:
                 trainer.save_checkpoint(path)  # a collective, with a barrier in it
             self.path = path
             self._record_save(trainer.global_step, path)
-            trainer.should_stop = True
 
     return GuardCallback
+
+
+def _fitting(trainer: Any) -> bool:
+    """Whether `trainer` runs `fit()` (its `state.fn`, a str enum equal to "fit")."""
+    return bool(getattr(trainer.state, "fn", None) == "fit")
 
 
 _callback = LazyClass(_build)

@@ -54,3 +54,11 @@ def pth_installed() -> Iterator[str]:
     finally:
         if not existed:
             switches.uninstall_pth()
+
+
+@pytest.fixture
+def quiet_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with one OpenMP thread: two on a loaded 2-core machine spin against each other
+    (an HF step of ~40 ms took 0.2-0.5 s at load 6) and a leak per step would follow the
+    load."""
+    return {**env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -27,6 +27,20 @@ step's loss, the guard's verdict and the checkpoint go to OUT/<mode>-rank<r>.jso
 process exits. The models are built here (nothing is downloaded); the data are seeded random
 numbers.
 
+The evaluation modes (hf, lightning; tests/integration/test_guard_evaluation.py): an
+evaluation every EVAL_AT steps that gathers its predictions, ~8 MiB a batch of EVAL_BATCH,
+SHAPE_MIB MiB in all (HF: the Trainer's own gathering of the logits for its
+`compute_metrics`, kept per batch, `eval_do_concat_batches=False`; Lightning: the documented
+`validation_step_outputs` list, cleared at the epoch's end), with the adapter's
+GuardCallback() and its documented defaults: evalguard (the evaluation gathers past the
+limit), evalresume (evalguard's job resumed from the newest checkpoint), evalreference (the
+same job, no guard), evalspike (a healthy evaluation, near the limit), evalonecgroup (hf as
+two ranks, rank 1 alone in a limited cgroup as in onecgroup, with a reserve for its late
+agreement, GUARD_RANKS_EVAL; $GUARDTEST_EVAL_MIB, when set, replaces SHAPE_MIB). The HF model
+has dropout there, so that the resume is exact only if the RNG states saved in the
+evaluation are the ones an uninterrupted run trains on after it. The result also counts the
+evaluation batches seen (`eval_batches`) and the process's highest RSS (`max_rss_kib`).
+
 The leak is LEAK_MIB MiB of written bytes after every step (a calloc'ed zero buffer may not
 be charged), on the last rank only; in onecgroup mode on rank $GUARDTEST_CGROUP_RANK only,
 which first moves itself into the cgroup directory $GUARDTEST_CGROUP when that is set (before
@@ -50,19 +64,30 @@ leaves free at the job's highest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 STEP_SECONDS = 0.01  # each step also sleeps this: a step of a real job, not only a memset
 BATCH = 8
 SAMPLES = 800
 GUARD = {"reserve": "12%", "checkpoint_seconds": 1.0, "interval": 0.2}
+# evalonecgroup: rank 1 gathers 16 MiB a batch (both ranks' predictions) and the ranks agree
+# every 10th check: the reserve holds the 9 batches a stop can come late (144 MiB).
+GUARD_RANKS_EVAL = {"reserve": "25%", "checkpoint_seconds": 1.0, "interval": 0.2}
 SYNC_EVERY = 2  # the plain loop's two ranks agree every other step
 HEALTHY = ("sawtooth", "step")  # modes with the adapters' documented defaults and no leak
+EVAL = ("evalguard", "evalresume", "evalreference", "evalspike", "evalonecgroup")
+EVAL_AT = 20  # the evaluation modes evaluate after steps 20, 40, ...
+EVAL_BATCH = 64  # HF: 64 x 32 tokens x 1000 logits x 4 bytes = 8 MiB gathered a batch
+PREDICTION_WIDTH = 32768  # Lightning: 64 x 32768 x 4 bytes = 8 MiB kept a batch
+RANKED = ("onecgroup", "evalonecgroup")  # each rank its own log; one rank in a cgroup
 SAW_PERIOD = 6  # sawtooth: the temporary is written at step 1, 7, 13, ... and freed 3 later
 STEP_AT = 3  # step: the allocation kept from this step on
 
@@ -80,10 +105,17 @@ class Job:
         self.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
         self.world = int(os.environ.get("WORLD_SIZE", os.environ.get("GUARDTEST_WORLD", "1")))
         leaking = mode in ("guard", "control", "requeue") and self.rank == self.world - 1
-        if mode == "onecgroup":
+        self.ballast = False
+        if mode in RANKED:
             leaking = self.rank == int(os.environ["GUARDTEST_CGROUP_RANK"])
+        if mode == "evalonecgroup":  # its evaluation grows, not its steps: ballast only
+            self.ballast = leaking
+            leaking = False
         self.leak_bytes = leak_mib << 20 if leaking else 0
         self.shape_bytes = leak_mib << 20 if mode in HEALTHY else 0
+        eval_mib = int(os.environ.get("GUARDTEST_EVAL_MIB", leak_mib))
+        self.eval_samples = eval_mib * EVAL_BATCH // 8 if mode in EVAL else 0
+        self.eval_batches = 0
         self.done_steps = 0
         self.usage_file = os.environ.get("GUARDTEST_USAGE")
         self.peak_usage = 0
@@ -131,6 +163,8 @@ class Job:
         self.result["losses"] = {str(k): v for k, v in sorted(self.losses.items())}
         self.result["steps_done"] = self.done_steps
         self.result["peak_usage"] = self.peak_usage
+        self.result["eval_batches"] = self.eval_batches
+        self.result["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.result["train_seconds"] = time.monotonic() - self.result.get("started", 0.0)
         if verdict is not None:
             self.result["verdict"] = {
@@ -237,7 +271,8 @@ def hf(job: Job) -> None:
     class Recording(Trainer):  # type: ignore[misc]
         def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
             loss = super().compute_loss(model, inputs, *args, **kwargs)
-            job.losses[self.state.global_step + 1] = float(loss.detach())
+            if model.training:  # an evaluation's losses are not the steps'
+                job.losses[self.state.global_step + 1] = float(loss.detach())
             return loss
 
     class Leak(TrainerCallback):  # type: ignore[misc]
@@ -248,6 +283,11 @@ def hf(job: Job) -> None:
             if os.environ.get("GUARDTEST_KILL_AT_SAVE") == str(job.rank):
                 _wait_for_rank0_record()
                 os.kill(os.getpid(), signal.SIGKILL)  # before GuardCallback.on_save
+
+    class Evaluating(TrainerCallback):  # type: ignore[misc]
+        def on_prediction_step(self, args: Any, state: Any, control: Any,
+                               **kwargs: Any) -> None:
+            job.eval_batches += 1
 
     class OnSigterm(TrainerCallback):  # type: ignore[misc]
         """requeue mode: the ranks agree on the SIGTERM flag at every step's end (one
@@ -265,39 +305,73 @@ def hf(job: Job) -> None:
             return control
 
     transformers.set_seed(0)  # before building: Trainer seeds only in __init__
+    dropout = 0.1 if job.mode in EVAL else 0.0
     model = GPT2LMHeadModel(GPT2Config(
         n_layer=2, n_head=2, n_embd=64, vocab_size=1000, n_positions=32, bos_token_id=0,
-        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+        eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout))
     # The healthy shapes end with the Trainer's own checkpoint at the last step: the one the
     # guard's estimate of a checkpoint (GuardCallback's, from the model and optimizer) is
     # compared with (tests/integration/test_guard_healthy.py).
     save = {"save_strategy": "steps", "save_steps": job.steps} if job.mode in HEALTHY \
         else {"save_strategy": "no"}
+    evaluation: dict[str, Any] = {}
+    eval_set = None
+    if job.mode in EVAL:
+        evaluation = {"eval_strategy": "steps", "eval_steps": EVAL_AT,
+                      "per_device_eval_batch_size": EVAL_BATCH,
+                      "eval_do_concat_batches": False}
+        eval_ids = torch.randint(0, 1000, (job.eval_samples, 32),
+                                 generator=torch.Generator().manual_seed(4321))
+        eval_set = [{"input_ids": row, "labels": row} for row in eval_ids]
     args = TrainingArguments(
         output_dir=job.checkpoint, max_steps=job.steps, per_device_train_batch_size=BATCH,
         learning_rate=1e-3, lr_scheduler_type="constant", use_cpu=True, report_to=[],
         logging_strategy="no", disable_tqdm=True, seed=0,
-        dataloader_num_workers=0, ddp_find_unused_parameters=False, **save)
-    callbacks: list[Any] = [Leak()]
+        dataloader_num_workers=0, ddp_find_unused_parameters=False, **save, **evaluation)
+    callbacks: list[Any] = [Leak(), Evaluating()]
     guard = None
     if job.mode in ("guard", "onecgroup"):
         guard = GuardCallback(**GUARD)
         callbacks.append(guard)
-    elif job.mode in HEALTHY:
+    elif job.mode == "evalonecgroup":
+        guard = GuardCallback(**GUARD_RANKS_EVAL)
+        callbacks.append(guard)
+    elif job.mode in HEALTHY or (job.mode in EVAL and job.mode != "evalreference"):
         guard = GuardCallback()  # the documented defaults
         callbacks.append(guard)
     elif job.mode == "requeue":
         callbacks.append(OnSigterm())
-    trainer = Recording(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+    trainer = Recording(model=model, args=args, train_dataset=Tokens(), eval_dataset=eval_set,
+                        callbacks=callbacks,
+                        compute_metrics=_batches_seen if job.mode in EVAL else None)
     resume = job.result["resumed_from"] = _last_hf_checkpoint(job.checkpoint) \
-        if job.mode in ("resume", "requeue") else None
-    trainer.train(resume_from_checkpoint=resume)
+        if job.mode in ("resume", "requeue", "evalresume") else None
+    with _result_on_exit(job, guard, lambda: _last_hf_checkpoint(job.checkpoint)):
+        trainer.train(resume_from_checkpoint=resume)
     if guard is not None and guard.stopped is not None:
         job.write(guard.stopped, checkpoint=_last_hf_checkpoint(job.checkpoint))
         guard.exit_if_stopped()
     if job.mode in HEALTHY and guard is not None:
         _record_checkpoint_size(job, guard, _last_hf_checkpoint(job.checkpoint))
     job.write()
+
+
+def _batches_seen(prediction: Any) -> dict[str, float]:
+    """A metric, so that the Trainer keeps every batch's logits to the evaluation's end (it
+    keeps only the losses when it has no `compute_metrics`)."""
+    return {"batches": float(len(prediction.predictions))}
+
+
+@contextlib.contextmanager
+def _result_on_exit(job: Job, guard: Any, checkpoint: Callable[[], Any]) -> Iterator[None]:
+    """A stop in an evaluation leaves train() / fit() by the guard's SystemExit: the result,
+    with its verdict and checkpoint, is written first."""
+    try:
+        yield
+    except SystemExit:
+        if guard is not None and guard.stopped is not None:
+            job.write(guard.stopped, checkpoint=checkpoint(), stopped_in_eval=True)
+        raise
 
 
 def _record_checkpoint_size(job: Job, guard: Any, path: Optional[str]) -> None:
@@ -359,6 +433,14 @@ def lightning(job: Job) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            xb, _ = batch  # the predictions kept to the epoch's end, as Lightning documents
+            self.outputs.append(self.net(xb).expand(-1, PREDICTION_WIDTH).clone())
+            job.eval_batches += 1
+
+        def on_validation_epoch_end(self) -> None:
+            self.outputs.clear()
+
     class Leak(L.Callback):  # type: ignore[misc]
         def on_train_batch_end(self, *args: Any) -> None:
             job.step_done()
@@ -374,6 +456,17 @@ def lightning(job: Job) -> None:
     elif job.mode in HEALTHY:
         guard = GuardCallback()  # the documented defaults
         callbacks.append(guard)
+    elif job.mode in EVAL and job.mode != "evalreference":
+        guard = GuardCallback(dirpath=job.checkpoint)  # the documented defaults
+        callbacks.append(guard)
+    validation: dict[str, Any] = {}
+    val_loader = None
+    if job.mode in EVAL:
+        validation = {"val_check_interval": EVAL_AT, "check_val_every_n_epoch": None}
+        gen = torch.Generator().manual_seed(4321)
+        val_loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(
+            torch.randn(job.eval_samples, 32, generator=gen),
+            torch.randn(job.eval_samples, 1, generator=gen)), batch_size=EVAL_BATCH)
     # Two ranks as Lightning's users run them on the CPU: it starts rank 1 itself
     # (docs/guard.md, "What the adapters rely on").
     trainer = L.Trainer(accelerator="cpu", devices=job.world,
@@ -381,12 +474,15 @@ def lightning(job: Job) -> None:
                         logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=job.out,
-                        callbacks=callbacks)
+                        callbacks=callbacks, **validation)
     ckpt = None
-    if job.mode == "resume":
+    if job.mode in ("resume", "evalresume"):
         ckpt = job.result["resumed_from"] = os.path.join(
-            job.checkpoint, sorted(os.listdir(job.checkpoint))[-1])
-    trainer.fit(Module(), loader, ckpt_path=ckpt)
+            job.checkpoint, max(os.listdir(job.checkpoint), key=_step_of))
+    module = Module()
+    module.outputs = []
+    with _result_on_exit(job, guard, lambda: guard.path):
+        trainer.fit(module, loader, val_loader, ckpt_path=ckpt)
     if guard is not None and guard.stopped is not None:
         job.write(guard.stopped, checkpoint=guard.path)
         guard.exit_if_stopped()
@@ -395,6 +491,11 @@ def lightning(job: Job) -> None:
         trainer.save_checkpoint(path)
         _record_checkpoint_size(job, guard, path)
     job.write()
+
+
+def _step_of(name: str) -> int:
+    """The step in a Lightning checkpoint's name (guard-step=<step>.ckpt)."""
+    return int(name.rsplit("=", 1)[-1].split(".")[0])
 
 
 # ---- DeepSpeed ZeRO-2 on the CPU accelerator: guard_step around save_checkpoint --------------
@@ -452,7 +553,7 @@ def main(argv: list[str]) -> int:
 
         signal.signal(signal.SIGTERM, lambda signum, frame: _sigterm.__setitem__(0, 1))
     job = Job(framework, mode, int(steps), out, int(argv[4]) if len(argv) > 4 else 0)
-    if mode == "onecgroup":
+    if mode in RANKED:
         _own_log_and_cgroup(job)
     status = 0
     try:
@@ -472,7 +573,7 @@ def main(argv: list[str]) -> int:
     # adapters rely on").
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        if mode == "onecgroup" and status == 75:
+        if mode in RANKED and status == 75:
             # Leave together: torchrun SIGTERMs the ranks still running 0.1 s (its
             # --monitor-interval) after one exits non-zero, Lightning's launcher SIGKILLs
             # rank 0 when its child exits non-zero first (docs/guard.md).
@@ -493,10 +594,11 @@ def _own_log_and_cgroup(job: Job) -> None:
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
-    if job.leak_bytes and os.environ.get("GUARDTEST_CGROUP"):
+    limited = job.leak_bytes or job.ballast
+    if limited and os.environ.get("GUARDTEST_CGROUP"):
         with open(os.path.join(os.environ["GUARDTEST_CGROUP"], "cgroup.procs"), "w") as f:
             f.write(str(os.getpid()))
-    if job.leak_bytes:
+    if limited:
         # A head start (written, so charged): fewer leaking steps to the reserve.
         _leaked.append(b"\x01" * (int(os.environ.get("GUARDTEST_BALLAST_MIB", "0")) << 20))
 
