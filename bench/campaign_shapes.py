@@ -142,28 +142,36 @@ def slow(rate_mib: float) -> Callable[..., Target]:
 def bursty(rng: random.Random, limit: int, room: int, life: float) -> Target:
     """Random pieces (1-8 % of the limit) every 0.2-1.5 s, a quarter of them frees of an
     earlier piece's size: a rising walk scaled so that its first passage of `room` is near
-    `life`. A walk that needs scaling by more than 3 (its level at `life` low after many
-    frees) is drawn again: scaled, its pieces would be no longer 1-8 % but up to half the
-    limit (a campaign's seed 1066: a single piece of 264 MiB in 512 MiB, 1.4 s in)."""
+    `life` (`bursty_walk`)."""
+    times, held = bursty_walk(rng, limit, room, life)
+    import bisect
+
+    def target(t: float) -> float:
+        return held[bisect.bisect_right(times, t) - 1]
+    return target
+
+
+def bursty_walk(rng: random.Random, limit: int, room: float, life: float,
+                pace: tuple[float, float] = (0.2, 1.5),
+                must_reach: bool = False) -> tuple[list[float], list[float]]:
+    """`bursty`'s walk: (times, the level held from each on), a piece every `pace` seconds,
+    scaled so that its level at `life` is the room (its first passage may be earlier). A
+    walk that needs scaling by more than 3 (its level at `life` low after many frees) is
+    drawn again: scaled, its pieces would be no longer 1-8 % but up to half the limit (a
+    campaign's seed 1066: a single piece of 264 MiB in 512 MiB, 1.4 s in); with
+    `must_reach`, one that never reaches the room too."""
     while True:
         times, held, now, level = [0.0], [0.0], 0.0, 0.0
         while now < life * 2:
-            now += rng.uniform(0.2, 1.5)
+            now += rng.uniform(*pace)
             piece = rng.uniform(0.01, 0.08) * limit
             level = max(0.0, level - piece if rng.random() < 0.25 else level + piece)
             times.append(now)
             held.append(level)
-        # Scale so that the walk's level at `life` is the room (its first passage may be
-        # earlier).
         at_life = next((h for t, h in zip(reversed(times), reversed(held)) if t <= life), 1.0)
         scale = room / max(at_life, 1.0)
-        if scale <= 3.0:
-            break
-    import bisect
-
-    def target(t: float) -> float:
-        return scale * held[bisect.bisect_right(times, t) - 1]
-    return target
+        if scale <= 3.0 and (not must_reach or max(held) * scale >= room):
+            return times, [h * scale for h in held]
 
 
 def leak_under_sawtooth(rng: random.Random, limit: int, room: int, life: float) -> Target:

@@ -19,13 +19,15 @@ comes from these, in this order (policy.decide):
    twice x `rise_margin` (1.25), 0 while the job is within a piece of a depth it came back
    from (policy.LargestRise.room).
 2. OOM_KILL: `killed` > 0.
-3. FORECAST: a level's working set reaches its limit in fewer seconds than the lead, where
-   seconds = (limit - the peak of the last `span` buckets) / the growth of the scale that
-   gives the soonest licensed answer (forecast.Trend.seconds_left), and lead = a save's
-   seconds x `margin` (1.5) + the longest gap between two checks over the last 5 samples.
+3. FORECAST (not while `available` is no deeper than a depth the job came back from:
+   policy.LargestRise.came_back): a level's working set reaches its limit in fewer seconds
+   than the lead, where seconds = (limit - the peak of the last `span` buckets) / the
+   growth of the scale that gives the soonest licensed answer (forecast.Trend.seconds_left),
+   and lead = a save's seconds x `margin` (1.5) + the longest gap between two checks over
+   the last 5 samples.
    A save's seconds: the longest of the last 5 timed (`saved()`), else `checkpoint_seconds`,
-   else `checkpoint_bytes` (or an adapter's estimate, else the tightest level's working set)
-   / `write_rate`, at least 1 s (policy.save_seconds).
+   else `checkpoint_bytes` (or an adapter's estimate) / `write_rate`, at least 1 s, and
+   1 s when no size is known (policy.save_seconds: not the working set, design §15).
 4. THROTTLE: a level over memory.high throttled without a break for `throttle_seconds`:
    its PSI stall share since the last sample >= `pressure_threshold` at every sample, or,
    with PSI unread, its `high` counter rising at every sample.
@@ -128,7 +130,6 @@ class Decision:
         self._last_check: Optional[float] = None  # when the last check came
         self._gap_now = 0.0  # the longest time between two checks since the last sample
         self._gaps: deque[float] = deque(maxlen=GAPS_KEPT)  # that, at the last samples
-        self._working_set = 0  # the tightest level's at the last sample (a save's estimate)
         self._rise = LargestRise()
         self._bound: Optional[int] = None  # the limit of the level that bounded the last sample
         # One forecast per level (trends.py); refuses a bad shape here, not at the first sample.
@@ -172,9 +173,8 @@ class Decision:
         readings = self._readings(now, levels)
         limited = [r for r in readings if r.limit is not None and r.headroom is not None]
         bound, self._bound = self._bound, None
-        if limited:  # the tightest level's working set: what a save may have to write
+        if limited:  # the tightest level: what bounds available_memory() (the rise learns)
             tight = min(limited, key=lambda r: r.headroom or 0)
-            self._working_set = max(0, (tight.limit or 0) - (tight.headroom or 0))
             self._bound = bound_limit(available, tight)
         if available is not None and self._bound is not None and self._bound != bound:
             # due() fed this check's figure under the level the last sample found. This one
@@ -190,7 +190,8 @@ class Decision:
         rise = int(self._rise.room(available) * self.rise_margin)
         verdict = policy.decide(readings, reserve=reserve, share=share, lead=lead,
                                 throttle_seconds=self.throttle_seconds, killed=killed,
-                                step=step, rise=rise, lead_from=(save, self.margin, gap))
+                                step=step, rise=rise, lead_from=(save, self.margin, gap),
+                                trusted=self._rise.came_back(available))
         floors = [policy.floor(r.limit, reserve, share, rise)
                   for r in readings if r.limit is not None]
         self._plan = sampling.plan(
@@ -266,8 +267,7 @@ class Decision:
     def checkpoint_seconds(self) -> float:
         """What a save takes from the stop: `save_delay`, then the save (policy.save_seconds)."""
         return self.save_delay + policy.save_seconds(self._saves, self._configured,
-                                                     self.checkpoint_bytes,
-                                                     self._working_set, self.write_rate)
+                                                     self.checkpoint_bytes, self.write_rate)
 
     @property
     def check_gap(self) -> float:

@@ -21,9 +21,10 @@ ranks, and delivers (log, callbacks, exit): it does no I/O of its own.
 What a save takes (the lead is that times `margin`): the longest of the job's last saves
 timed by `saving()` / `saved()`; before the first, `checkpoint_seconds` when given; else
 `checkpoint_bytes` (given; or the framework adapters' count of the model's and optimizer's
-state, `estimate_checkpoint()`; else the guarded level's working set, the most a checkpoint
-can hold) over `write_rate` (default 100 MiB/s, an assumption: a local disk or a network
-filesystem writes at least that), at least 1 s. A 1 GiB job is so given ~10 s x 1.5. The
+state, `estimate_checkpoint()`) over `write_rate` (default 100 MiB/s, an assumption: a
+local disk or a network filesystem writes at least that), at least 1 s; with no size known,
+1 s, whatever the working set (no checkpoint holds the batches and caches; the reserve, 5 %
+of the limit, is what grows with the job: docs/design.md section 15). The
 lead also holds the longest time between two checks over the last 5 samples (`check_gap`):
 a stop comes only at a check, and with one check a step a job of 3 s steps is next checked
 3 s later (its leak meanwhile one piece of 3 s), so the forecast must stop it a step early.
@@ -93,7 +94,7 @@ class Guard:
     climb over checks in a row, the same size again) times this (0: none;
     policy.LargestRise). `checkpoint_seconds`: what a save takes until the job reports its
     own (`saving()`, `saved()`); None: `checkpoint_bytes` (bytes or a size; None: an
-    adapter's estimate, `estimate_checkpoint()`, else the working set) over `write_rate`
+    adapter's estimate, `estimate_checkpoint()`; else 1 s) over `write_rate`
     (bytes or a size per second), module docstring;
     `margin`: the forecast must leave that times the checkpoint time. `interval`: seconds
     between samples on average (spread +-`jitter` of it); `near_interval`: between samples

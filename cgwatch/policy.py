@@ -205,13 +205,14 @@ def floor(limit: int, reserve: int, share: Optional[float], rise: int) -> int:
 def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[float] = None,
            lead: float, throttle_seconds: float, killed: int = 0,
            step: Optional[int] = None, rise: int = 0,
-           lead_from: tuple[Optional[float], Optional[float], Optional[float]] = _UNKNOWN
-           ) -> Verdict:
+           lead_from: tuple[Optional[float], Optional[float], Optional[float]] = _UNKNOWN,
+           trusted: bool = False) -> Verdict:
     """Save and stop, or go on (module docstring). `reserve` bytes or `share` of each level's
     limit, plus `rise` bytes (the job's largest rise times a margin); `lead` seconds (a
     checkpoint's time x margin); `killed`: OOM kills on the path since the guard started;
     `lead_from`: (a save's seconds, margin, check gap) the lead was worked out from, for
-    the verdict's message (decision.py gives them)."""
+    the verdict's message (decision.py gives them); `trusted`: the job is no deeper than a
+    depth it came back from (LargestRise.came_back): no forecast then."""
     for r in readings:
         if r.limit is not None and r.headroom is not None:
             kept = floor(r.limit, reserve, share, rise)
@@ -226,7 +227,7 @@ def decide(readings: Sequence[Reading], *, reserve: int = 0, share: Optional[flo
                            check_gap=lead_from[2])
         return _about(tight, OOM_KILL, None, lead, killed, step, lead_from)
     soonest: Optional[tuple[float, Reading]] = None
-    for r in readings:
+    for r in readings if not trusted else ():
         left = r.trend.seconds_left(r.limit)
         if left is not None and left < lead and (soonest is None or left < soonest[0]):
             soonest = (left, r)
@@ -252,18 +253,22 @@ def _about(r: Reading, trigger: str, floor: Optional[int], lead: float, killed: 
 
 
 def save_seconds(saves: Sequence[float], configured: Optional[float],
-                 checkpoint_bytes: Optional[int], working_set: int, write_rate: int) -> float:
+                 checkpoint_bytes: Optional[int], write_rate: int) -> float:
     """What a save takes, from the most real figure there is: the longest of the job's
-    timed saves; else `configured` (the user's); else a checkpoint's size over the disk's
-    `write_rate` (bytes/s), the size `checkpoint_bytes` when known, else the job's working
-    set (a checkpoint holds at most what the job keeps in memory: weights, optimizer state).
-    Never under MIN_SAVE_SECONDS."""
+    timed saves; else `configured` (the user's); else the checkpoint's size
+    `checkpoint_bytes` (the user's, or an adapter's count of the model and optimizer) over
+    the disk's `write_rate` (bytes/s); never under MIN_SAVE_SECONDS, and that floor when no
+    size is known. Not the working set: it grows with batches, activations and caches, which
+    no checkpoint holds, and a lead grown with it stopped healthy jobs near their limit
+    (~117 s at 8 GiB); the reserve, a share of the limit, is what grows with the job (the
+    simulated campaign, docs/design.md section 15)."""
     if saves:
         return max(saves)
     if configured is not None:
         return configured
-    size = checkpoint_bytes if checkpoint_bytes is not None else working_set
-    return max(MIN_SAVE_SECONDS, size / write_rate)
+    if checkpoint_bytes is None:
+        return MIN_SAVE_SECONDS
+    return max(MIN_SAVE_SECONDS, checkpoint_bytes / write_rate)
 
 
 _NOISE = 1 << 20  # a fall of the headroom up to this between two checks: no piece
@@ -397,6 +402,11 @@ class LargestRise:
         if isinstance(pieces, list):
             self._pieces = [p for p in pieces
                             if isinstance(p, int) and not isinstance(p, bool) and p > 0][-_KEPT:]
+
+    def came_back(self, available: Optional[int]) -> bool:
+        """Whether `available` is no deeper than a depth the job came back from (by at
+        least half the climb that reached it)."""
+        return available is not None and any(available >= depth for depth, _ in self.turns)
 
     def room(self, available: Optional[int]) -> int:
         """The headroom the next piece needs beyond the reserve (bytes): the largest piece,

@@ -15,8 +15,8 @@ charged there too).
   at step 10 as a training loop does, `payload-000010.bin` 8 MiB written over 3 s (it waits
   for it, as a synchronous save), then leaks as above, under `run --guard --checkpoint-dir`
   without --checkpoint-seconds. The first life learns the save (inotify), 3 s and 8 MiB:
-  its stop's lead is that x the margin 1.5, where a 128 MiB job's estimate gives ~1.9 s (its
-  working set over 100 MiB/s, at most 1.3 s, x 1.5); saved, 75, no OOM kill. A new `run` on
+  its stop's lead is that x the margin 1.5, where a job with no size known is given 1.5 s
+  (1 s, x 1.5); saved, 75, no OOM kill. A new `run` on
   the same DIR (a scheduler's requeue on 75) starts from DIR/.cgwatch-guard.json, says so,
   and stops with the lead the first life learned before any save of its own.
 Checked on 6.18, cgroup v1."""

@@ -98,16 +98,24 @@ TRACES = [
     # growth), cut in thirds of two: troughs 1000, 1200, 1400 MiB and peaks 1190, 1390,
     # 1590 MiB climb evenly; rate = 400 MiB over the middles 1.0 -> 5.0 s = 100 MiB/s, seen
     # over 6 s (licensing 2 s ahead). Peak now 1600 MiB: (1750 - 1600) / 100 = 1.5 s.
-    # Lead: 1600 MiB / 100 MiB/s = 16 s x 1.5 + 0.1 s between checks = 24.1 s. Not before
-    # t = 6: five closed buckets see no growth.
+    # Lead: no save size known, 1 s x 1.5 + 0.1 s between checks = 1.6 s > 1.5 s (it was
+    # the working set, 1600 MiB / 100 MiB/s = 16 s x 1.5 + 0.1 = 24.1 s, before issue 32:
+    # the same stop). Not before t = 6: five closed buckets see no growth.
     pytest.param(Row({"interval": 0.0}, leak(), 60, FORECAST, "/job", {
         "seconds_left": 1.5, "growth": 100.0 * MiB, "rate": 100.0 * MiB, "peak": 1600 * MiB,
-        "headroom": 150 * MiB, "save_seconds": 16.0, "margin": 1.5}), id="leak-forecast"),
+        "headroom": 150 * MiB, "save_seconds": 1.0, "margin": 1.5}), id="leak-forecast"),
+    # The same with the checkpoint's size given, 1600 MiB: 16 s x 1.5 + 0.1 s = 24.1 s.
+    pytest.param(Row({"interval": 0.0, "checkpoint_bytes": 1600 * MiB}, leak(), 60, FORECAST,
+                     "/job", {"seconds_left": 1.5, "peak": 1600 * MiB, "save_seconds": 16.0,
+                              "margin": 1.5}), id="leak-forecast-a-size-given"),
     # The same leak, its last check after a free of 100 MiB: the forecast starts from the
     # recent peak (the bucket [5, 6) closed at 1590 MiB), not the working set now:
     # (1750 - 1590) / 100 = 1.6 s with 250 MiB of headroom (2.5 s at that rate: the message
-    # must not divide those). Lead 1500 MiB / 100 MiB/s = 15 s x 1.5 + 0.1 s.
-    pytest.param(Row({"interval": 0.0}, leak(freed_at_end=100), 60, FORECAST, "/job", {
+    # must not divide those). Lead: the size given, 1500 MiB / 100 MiB/s = 15 s x 1.5 +
+    # 0.1 s (it was the working set then, 1500 MiB, before issue 32; with no size, 1.6 s
+    # would not be over the 1.6 s left).
+    pytest.param(Row({"interval": 0.0, "checkpoint_bytes": 1500 * MiB}, leak(freed_at_end=100),
+                     60, FORECAST, "/job", {
         "seconds_left": 1.6, "rate": 100.0 * MiB, "peak": 1590 * MiB, "headroom": 250 * MiB,
         "save_seconds": 15.0}), id="leak-forecast-from-the-peak"),
     # test_guard_fake's big piece, by the clock: 1 GiB taken once (known at t = 0.4, 0.3 s
@@ -165,12 +173,14 @@ def test_trace(row: Row) -> None:
 
 
 def test_the_leak_s_lead() -> None:
-    """The leak's stop: a save 16 s x 1.5 + the check gap, 0.1 s (t = i/10: up to float
-    rounding), is 24.1 s; the same as the Decision's `lead` at that sample."""
-    decision = Decision(interval=0.0)
-    step, verdict = run(decision, leak())
-    assert step == 60 and verdict.check_gap == pytest.approx(0.1)
-    assert verdict.lead == pytest.approx(24.1) and decision.lead == verdict.lead
+    """The leak's stop: a save 1 s x 1.5 (no size known: not the working set, issue 32; with
+    the size given, 1600 MiB at 100 MiB/s, 16 s x 1.5) + the check gap, 0.1 s (t = i/10: up
+    to float rounding), is 1.6 s (24.1 s); the same as the Decision's `lead` then."""
+    for options, want in (({}, 1.6), ({"checkpoint_bytes": 1600 * MiB}, 24.1)):
+        decision = Decision(interval=0.0, **options)
+        step, verdict = run(decision, leak())
+        assert step == 60 and verdict.check_gap == pytest.approx(0.1)
+        assert verdict.lead == pytest.approx(want) and decision.lead == verdict.lead
 
 
 class Due(NamedTuple):

@@ -93,6 +93,35 @@ def test_decide(row: Row) -> None:
     assert verdict.step == 7 and verdict.lead == 90.0
 
 
+def test_no_forecast_at_a_depth_the_job_came_back_from() -> None:
+    """The leak-faster-than-a-save row (20 MiB/s, 1 GiB left: 51.2 s < 90 s) at a depth the
+    job came back from (`trusted`): no forecast; the reserve still stops it (100 MiB left
+    of a 256 MiB reserve), and a kill still does."""
+    fast = [job(1 * GiB, Trend(20.0 * MiB, 3 * GiB, 12))]
+    low = [job(100 * MiB, Trend(20.0 * MiB, 3 * GiB, 12))]
+    def trigger(readings: list[Reading], trusted: bool, killed: int = 0) -> str:
+        return decide(readings, reserve=256 * MiB, lead=90.0, throttle_seconds=30.0,
+                      killed=killed, trusted=trusted).trigger
+
+    assert trigger(fast, False) == FORECAST
+    assert trigger(fast, True) == OK
+    assert trigger(low, True) == RESERVE
+    assert trigger(fast, True, killed=1) == OOM_KILL
+
+
+def test_came_back_is_no_deeper_than_a_turn() -> None:
+    """A sawtooth in MiB of available: 500 -> 300 (a climb of 200) -> back to 420 (120 back,
+    over half of 200: a turn at 300). At 300 or above it came back from there; at 299 it
+    is deeper; before any turn, never."""
+    rise = LargestRise()
+    assert not rise.came_back(300 * MiB)
+    for i, available in enumerate((500, 400, 300, 420)):
+        rise.update(available * MiB, 512 * MiB, float(i))
+    assert rise.turns == [(300 * MiB, 120 * MiB)]
+    assert rise.came_back(300 * MiB) and rise.came_back(450 * MiB)
+    assert not rise.came_back(299 * MiB) and not rise.came_back(None)
+
+
 def test_forecast_verdict_carries_the_figures() -> None:
     """20 MiB/s, peak 3 GiB of 4 GiB: 1024 / 20 = 51.2 s left."""
     verdict = decide([job(1 * GiB, Trend(20.0 * MiB, 3 * GiB, 12))], lead=90.0,
@@ -309,12 +338,14 @@ def test_a_known_depth_without_the_new_limit() -> None:
 
 
 SAVES = [
-    # (timed saves, configured, checkpoint bytes, working set, write rate) -> seconds
-    pytest.param(([3.0, 7.0], 60.0, None, GiB, 100 * MiB), 7.0, id="timed-saves-first"),
-    pytest.param(([], 60.0, None, GiB, 100 * MiB), 60.0, id="the-users-figure"),
-    pytest.param(([], None, None, GiB, 100 * MiB), 10.24, id="working-set-over-rate"),
-    pytest.param(([], None, 2 * GiB, GiB, 100 * MiB), 20.48, id="checkpoint-size-over-rate"),
-    pytest.param(([], None, None, 20 * MiB, 100 * MiB), 1.0, id="at-least-1-s"),
+    # (timed saves, configured, checkpoint bytes, write rate) -> seconds
+    pytest.param(([3.0, 7.0], 60.0, None, 100 * MiB), 7.0, id="timed-saves-first"),
+    pytest.param(([], 60.0, None, 100 * MiB), 60.0, id="the-users-figure"),
+    # No size known: the 1 s floor (was the working set, 1 GiB at 100 MiB/s = 10.24 s; the
+    # working set is no checkpoint's size: issue 32, design section 15)
+    pytest.param(([], None, None, 100 * MiB), 1.0, id="no-size-the-floor"),
+    pytest.param(([], None, 2 * GiB, 100 * MiB), 20.48, id="checkpoint-size-over-rate"),
+    pytest.param(([], None, 20 * MiB, 100 * MiB), 1.0, id="at-least-1-s"),
 ]
 
 
