@@ -18,15 +18,15 @@ Loads (`--loads`): `quiet` (whatever else the machine runs) and `hog` (two busy-
 processes, one per core of a 2-core machine, for the whole phase).
 
 What is counted, per run: a *stop* (the guard said stop: the job's `check()` or its SIGTERM);
-an *OOM kill* (the cgroup's `oom_kill` counter, v1 memory.oom_control, v2 memory.events, or
-the job ending by SIGKILL); *saved* (a stop whose save completed, the checkpoint in place, with no OOM kill in
-the cgroup); for leaking shapes the *life* (campaign_shapes.py: when the shape reaches what
-the job had left once started, i.e. where the kernel kills an unguarded run, computed from
-the shape) and the share of it used before the stop. A healthy shape must give 0 stops; a
-leaking one must be saved before the kill (goal >= 95 %) as late as it can (goal: a median
-life share >= 90 %). No run ends on a timeout of ours while the job is alive unless it
-overran a generous budget (3x its time plus 5 min), which is reported as `timeout`, never as
-a kill.
+an *OOM kill* (the cgroup's `oom_kill` counter, v1 memory.oom_control, v2 memory.events, or the
+job ending by SIGKILL); *saved* (a stop whose save completed, the checkpoint in place, with no
+OOM kill in the cgroup); for leaking shapes the *life* (campaign_shapes.py: when the shape
+reaches what the job had left once started, i.e. where the kernel kills an unguarded run,
+computed from the shape) and the share of it used before the stop. A healthy shape must give 0
+stops; a leaking one must be saved before the kill (goal >= 95 %) as late as it can (goal: a
+median life share >= 90 %). No run ends on a timeout of ours while the job is alive unless it
+overran a generous budget (3x its time plus 5 min), which is reported as `timeout`, never as a
+kill.
 
 Writes DIR/runs.json (every run), DIR/table.md (the tables) and, unless --no-plots, one
 picture per shape (`cgwatch run --plot`, the first `run` way run of each shape) in DIR/img.
