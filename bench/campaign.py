@@ -662,9 +662,11 @@ def counters_table(records: list[dict[str, Any]], order: list[str]) -> list[str]
              "peak usage (v1 memory.max_usage_in_bytes, v2 memory.peak) over the limit; "
              "limit hits (v1 memory.failcnt: failed charges; v2 memory.events `max`: "
              "reclaims at memory.max); v2 only: memory.events `high` and the seconds "
-             "memory.pressure says tasks stalled on memory (some / full).", "",
-             "| shape | peak / limit | limit hits | high | PSI some, s | PSI full, s |",
-             "|---|---|---|---|---|---|"]
+             "memory.pressure says tasks stalled on memory (some / full). Step: the job's "
+             "loop's time per step (median; 10 ms asked), long where the machine cannot "
+             "write the shape's memory at its pace.", "",
+             "| shape | peak / limit | limit hits | high | PSI some, s | PSI full, s | step |",
+             "|---|---|---|---|---|---|---|"]
 
     def median(rs: list[dict[str, Any]], key: str, form: str) -> str:
         got = [r["kernel"][key] for r in rs if r.get("kernel") and
@@ -676,9 +678,13 @@ def counters_table(records: list[dict[str, Any]], order: list[str]) -> list[str]
         shares = [r["kernel"]["peak"] / r["limit"] for r in rs if r.get("kernel") and
                   r["kernel"].get("peak") is not None]
         peak = f"{statistics.median(shares):.0%}" if shares else "—"
+        steps = [1000 * (r["stop_at"] or r["result"]["ended_at"]) / r["result"]["step"]
+                 for r in rs if r.get("result") and r["result"].get("step")
+                 and r["result"].get("ended_at")]
+        step = f"{statistics.median(steps):.0f} ms" if steps else "—"
         lines.append(f"| {name} | {peak} | {median(rs, 'failcnt', '.0f')} | "
                      f"{median(rs, 'high', '.0f')} | {median(rs, 'some', '.2f')} | "
-                     f"{median(rs, 'full', '.2f')} |")
+                     f"{median(rs, 'full', '.2f')} | {step} |")
     return lines
 
 
