@@ -2,7 +2,8 @@
 
     sudo .venv/bin/python -m bench.campaign [--quick] [--runs N] [--jobs J] [--out DIR]
         [--shapes SUBSTRING ...] [--ways guard,learned,run] [--loads quiet,hog]
-        [--trainer-python PY] [--no-plots]
+        [--trainer-python PY] [--no-plots] [--work DIR] [--high-share F]
+    sudo bench/campaign_vm [ARGS]   # the same inside the cgroup v2 VM (default --quick)
 
 Not part of `python -m bench` nor of the test command: the full campaign takes hours. Each
 run is one job (bench/campaign_job.py) in a fresh memory cgroup of its own, made below this
@@ -17,15 +18,15 @@ Loads (`--loads`): `quiet` (whatever else the machine runs) and `hog` (two busy-
 processes, one per core of a 2-core machine, for the whole phase).
 
 What is counted, per run: a *stop* (the guard said stop: the job's `check()` or its SIGTERM);
-an *OOM kill* (the cgroup's `oom_kill` counter, v1 memory.oom_control, or the job ending by
-SIGKILL); *saved* (a stop whose save completed, the checkpoint in place, with no OOM kill in
-the cgroup); for leaking shapes the *life* (campaign_shapes.py: when the shape reaches what
-the job had left once started, i.e. where the kernel kills an unguarded run, computed from
-the shape) and the share of it used before the stop. A healthy shape must give 0 stops; a
-leaking one must be saved before the kill (goal >= 95 %) as late as it can (goal: a median
-life share >= 90 %). No run ends on a timeout of ours while the job is alive unless it
-overran a generous budget (3x its time plus 5 min), which is reported as `timeout`, never as
-a kill.
+an *OOM kill* (the cgroup's `oom_kill` counter, v1 memory.oom_control, v2 memory.events, or the
+job ending by SIGKILL); *saved* (a stop whose save completed, the checkpoint in place, with no
+OOM kill in the cgroup); for leaking shapes the *life* (campaign_shapes.py: when the shape
+reaches what the job had left once started, i.e. where the kernel kills an unguarded run,
+computed from the shape) and the share of it used before the stop. A healthy shape must give 0
+stops; a leaking one must be saved before the kill (goal >= 95 %) as late as it can (goal: a
+median life share >= 90 %). No run ends on a timeout of ours while the job is alive unless it
+overran a generous budget (3x its time plus 5 min), which is reported as `timeout`, never as a
+kill.
 
 Writes DIR/runs.json (every run), DIR/table.md (the tables) and, unless --no-plots, one
 picture per shape (`cgwatch run --plot`, the first `run` way run of each shape) in DIR/img.
@@ -112,21 +113,47 @@ class Cgroups:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
 
-    def make(self, name: str, limit: int) -> str:
+    def make(self, name: str, limit: int, high_share: Optional[float] = None) -> str:
+        """A run's cgroup with `limit`; v2 and `high_share`: memory.high at that share of it
+        (the kernel throttles the job above it: the guard's PSI trigger's case)."""
         path = os.path.join(self.top, name)
         os.mkdir(path)
         _write(os.path.join(path, "memory.max" if self.version == 2
                             else "memory.limit_in_bytes"), str(limit))
+        if high_share is not None:
+            _write(os.path.join(path, "memory.high"), str(int(limit * high_share)))
         return path
 
-    def oom_kills(self, path: str) -> tuple[int, int]:
-        """(oom_kill, failcnt or v2 max events) of a run's cgroup."""
+    def counters(self, path: str) -> dict[str, Any]:
+        """A run's cgroup as the kernel counted it, read at its end through cgwatch's parsers:
+        `oom_kill`; `failcnt` (v1 memory.failcnt: charges that failed at the limit; v2 the
+        `max` line of memory.events: times usage reached memory.max); `peak` (v1
+        memory.max_usage_in_bytes, v2 memory.peak since 5.19; None: not there); v2 only,
+        `high` (memory.events) and the PSI stall seconds of memory.pressure, `some` and
+        `full` (None with PSI off)."""
+        from cgwatch import values
+
+        def optional(name: str) -> Optional[str]:
+            try:
+                return _read(path, name)
+            except OSError:
+                return None
+
         if self.version == 2:
-            counters = dict(line.split() for line in _read(path, "memory.events").splitlines())
-            return int(counters.get("oom_kill", 0)), int(counters.get("max", 0))
-        counters = dict(line.split() for line in
-                        _read(path, "memory.oom_control").splitlines())
-        return int(counters.get("oom_kill", 0)), int(_read(path, "memory.failcnt"))
+            events = values.parse_flat_keyed(_read(path, "memory.events"))
+            peak = optional("memory.peak")
+            pressure = optional("memory.pressure")
+            stalls = values.parse_pressure(pressure) if pressure else {}
+            return {"oom_kill": events.get("oom_kill", 0), "failcnt": events.get("max", 0),
+                    "peak": values.parse_counter(peak) if peak else None,
+                    "high": events.get("high", 0),
+                    "some": stalls["some"] / 1e6 if "some" in stalls else None,
+                    "full": stalls["full"] / 1e6 if "full" in stalls else None}
+        control = values.parse_flat_keyed(_read(path, "memory.oom_control"))
+        peak = optional("memory.max_usage_in_bytes")
+        return {"oom_kill": control.get("oom_kill", 0),
+                "failcnt": values.parse_counter(_read(path, "memory.failcnt")),
+                "peak": values.parse_counter(peak) if peak else None}
 
     def remove(self, path: str) -> None:
         if not remove_cgroup(path):
@@ -196,7 +223,7 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
         argv = job + ["--mode", "guard"] + (["--learned"] if run.way == "learned" else [])
     if groups.stopping:
         raise KeyboardInterrupt
-    cgroup = groups.make(f"run-{run.index}", limit)
+    cgroup = groups.make(f"run-{run.index}", limit, args.high_share)
     argv[argv.index("--out"):argv.index("--out")] = ["--cgroup", cgroup]
     # One OpenMP thread for torch, as tests/integration's launchers: torch's default of one
     # per core spins against the other jobs and the hog on the 2-core machine, and a tiny
@@ -226,7 +253,9 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
         record["status"] = status
         ended_wall = time.time()
         record["wall_seconds"] = round(time.monotonic() - began, 2)
-        record["oom_kills"], record["failcnt"] = groups.oom_kills(cgroup)
+        record["kernel"] = groups.counters(cgroup)
+        record["oom_kills"], record["failcnt"] = (record["kernel"]["oom_kill"],
+                                                  record["kernel"]["failcnt"])
     finally:
         groups.remove(cgroup)
     for name, key in ((out + ".start", "start"), (out, "result"), (report, "report")):
@@ -370,6 +399,13 @@ def campaign(argv: Optional[list[str]]) -> int:
                         help="interpreter for the HF/Lightning jobs (default: this one if it "
                              "imports torch, transformers and lightning, else "
                              ".venv-integration/bin/python); none: skip them")
+    parser.add_argument("--high-share", type=float, default=None,
+                        help="cgroup v2: memory.high at this share of each run's limit (default "
+                             "none: memory.max only, as on v1)")
+    parser.add_argument("--work", default="/var/tmp",
+                        help="where the runs' files go (default /var/tmp): a disk-backed file "
+                             "system, since the page-cache writer's files on a tmpfs are shmem, "
+                             "which the kernel cannot reclaim (the VM: its scratch disk)")
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument("--tables", metavar="RUNS_JSON",
                         help="run nothing: print the tables of an earlier campaign's runs.json "
@@ -409,11 +445,15 @@ def campaign(argv: Optional[list[str]]) -> int:
           file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, _interrupted)  # cleaned up as on Ctrl-C
     groups = Cgroups()
+    if args.high_share is not None and groups.version != 2:
+        groups.close()
+        print("campaign: --high-share needs cgroup v2 (memory.high)", file=sys.stderr)
+        return 2
     records: list[dict[str, Any]] = []
     hogs: Optional[Hogs] = None
     began = time.monotonic()
     try:
-        with tempfile.TemporaryDirectory(prefix="cgwatch-campaign-", dir="/var/tmp") as work:
+        with tempfile.TemporaryDirectory(prefix="cgwatch-campaign-", dir=args.work) as work:
             for load in args.loads:
                 phase = [r for r in runs if r.load == load]
                 if load == "hog":
@@ -436,7 +476,8 @@ def campaign(argv: Optional[list[str]]) -> int:
             hogs.stop()
         groups.close()
         with open(os.path.join(args.out, "runs.json"), "w") as f:
-            json.dump({"argv": sys.argv, "quick": args.quick, "runs": records}, f, indent=1)
+            json.dump({"argv": sys.argv, "quick": args.quick, "cgroup_version": groups.version,
+                       "kernel": os.uname().release, "runs": records}, f, indent=1)
     if args.plots and draw_sheet(records, os.path.join(args.out, "campaign.png")):
         print(f"campaign: the shapes' picture: {os.path.join(args.out, 'campaign.png')}",
               file=sys.stderr)
@@ -604,11 +645,47 @@ def tables(records: list[dict[str, Any]]) -> str:
                      f"{_pct(sum(r['saved'] for r in rs), len(rs))} | "
                      f"{sum(r['killed'] for r in rs)} | {share} | {ceiling} | {given} | "
                      f"{saved_by_way} | {share_by_way} |")
+    lines += counters_table(records, order)
     averages = [r["loadavg"] for r in records]
     if averages:
         lines += ["", f"Load average (1 min) at the runs' starts: {min(averages):.1f}-"
                   f"{max(averages):.1f} (median {statistics.median(averages):.1f})."]
     return "\n".join(lines) + "\n"
+
+
+def counters_table(records: list[dict[str, Any]], order: list[str]) -> list[str]:
+    """The kernel's own counters of the runs' cgroups, per shape (medians; none for a
+    runs.json from before they were recorded): what v1 and v2 charge and count differently."""
+    if not any(r.get("kernel") for r in records):
+        return []
+    lines = ["", "What the kernel counted in the runs' cgroups (median over the shape's runs): "
+             "peak usage (v1 memory.max_usage_in_bytes, v2 memory.peak) over the limit; "
+             "limit hits (v1 memory.failcnt: failed charges; v2 memory.events `max`: "
+             "reclaims at memory.max); v2 only: memory.events `high` and the seconds "
+             "memory.pressure says tasks stalled on memory (some / full). Step: the job's "
+             "loop's time per step (median; 10 ms asked), long where the machine cannot "
+             "write the shape's memory at its pace.", "",
+             "| shape | peak / limit | limit hits | high | PSI some, s | PSI full, s | step |",
+             "|---|---|---|---|---|---|---|"]
+
+    def median(rs: list[dict[str, Any]], key: str, form: str) -> str:
+        got = [r["kernel"][key] for r in rs if r.get("kernel") and
+               r["kernel"].get(key) is not None]
+        return format(statistics.median(got), form) if got else "—"
+
+    for name in order:
+        rs = [r for r in records if row_name(r) == name]
+        shares = [r["kernel"]["peak"] / r["limit"] for r in rs if r.get("kernel") and
+                  r["kernel"].get("peak") is not None]
+        peak = f"{statistics.median(shares):.0%}" if shares else "—"
+        steps = [1000 * (r["stop_at"] or r["result"]["ended_at"]) / r["result"]["step"]
+                 for r in rs if r.get("result") and r["result"].get("step")
+                 and r["result"].get("ended_at")]
+        step = f"{statistics.median(steps):.0f} ms" if steps else "—"
+        lines.append(f"| {name} | {peak} | {median(rs, 'failcnt', '.0f')} | "
+                     f"{median(rs, 'high', '.0f')} | {median(rs, 'some', '.2f')} | "
+                     f"{median(rs, 'full', '.2f')} | {step} |")
+    return lines
 
 
 if __name__ == "__main__":
