@@ -260,7 +260,8 @@ def test_the_lead_is_learned_from_the_jobs_saves_and_kept_for_its_requeue(
     state = os.path.join(directory, ".cgwatch-guard.json")
     lines = [line for line in err.splitlines() if "learned by earlier runs" in line]
     assert len(lines) == 1 and lines[0].startswith(
-        f"cgwatch guard: starting from 2 saves learned by earlier runs ({state}): "
+        # the save seen on disk is taught; the stop's signal-to-exit is kept, not taught
+        f"cgwatch guard: starting from 1 save learned by earlier runs ({state}): "
         f"the longest {save['seconds']:.1f} s, 8.0 MiB; lead "), err
     loaded = second["learned"]["loaded"]
     assert [(s["how"], s["seconds"], s["bytes"]) for s in loaded] == [
