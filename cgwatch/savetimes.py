@@ -247,6 +247,13 @@ class Learned(Frozen):
         return [s["seconds"] if s["how"] == SIGNAL else max(MIN_SAVE_SECONDS, s["seconds"])
                 for s in self.saves if s["seconds"] is not None]
 
+    @property
+    def seen_on_disk(self) -> list[float]:
+        """`timed` without the stops' saves: what a new life's guard is taught (a stop's
+        signal-to-exit holds a launcher's teardown; cli/ckptwatch.SaveWatch._teach)."""
+        return [max(MIN_SAVE_SECONDS, s["seconds"]) for s in self.saves
+                if s["how"] == WATCHED and s["seconds"] is not None]
+
     def add(self, seconds: Optional[float], nbytes: Optional[int], how: str, name: str,
             at: float) -> Learned:
         """With one more save (the oldest dropped past KEPT)."""

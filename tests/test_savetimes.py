@@ -263,6 +263,7 @@ def test_timed_floors_a_save_seen_on_disk_not_a_stops() -> None:
     state = learned((0.2, 4 * MiB, WATCHED), (0.3, None, SIGNAL), (None, 50 * MiB, WATCHED),
                     (2.5, 60 * MiB, WATCHED))
     assert state.timed == [1.0, 0.3, 2.5]
+    assert state.seen_on_disk == [1.0, 2.5]  # what a new life is taught: no stop's save
     assert state.largest == 60 * MiB
 
 

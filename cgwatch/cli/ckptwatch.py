@@ -42,7 +42,6 @@ from ..inotify import (
     WatchEvent,
     WatchUnavailable,
 )
-from ..policy import MIN_SAVE_SECONDS
 from ..savetimes import (
     CLOSED,
     MOVED,
@@ -183,22 +182,22 @@ class SaveWatch:
             self.line = f"cgwatch guard: ignoring {self._state_path()}: {why}"
         elif loaded is not None:
             self._teach(loaded)
-            if watched_seconds(loaded):
+            if loaded.seen_on_disk:
                 self.line = learned_line(loaded, self._state_path(), guard.lead)
 
     def _state_path(self) -> str:
         return os.path.join(self.directory, STATE_NAME)
 
     def _teach(self, learned: Learned) -> None:
-        """The guard starts from the saves an earlier life saw on disk: their seconds (as
-        `timed` gives them) and the largest one's bytes. Not the guard's own state_dict (its
+        """The guard starts from the saves an earlier life saw on disk: their seconds
+        (`Learned.seen_on_disk`) and the largest one's bytes. Not the guard's own state_dict (its
         pieces, the checkpoint estimate) nor a stop's signal-to-exit time, though the file
         keeps them: found by the Slurm tier's requeue of a torchrun HF job (1200M,
         --checkpoint-seconds 2), which, restored from them, was stopped in every new life
         ~10 s after its start, 17 requeues in 400 s. A new life's start-up is a depth the
         old life's pieces know nothing of (its turns are not kept), and a signal-to-exit
-        time holds the launcher's teardown, each life's longer than the last."""
-        for seconds in watched_seconds(learned):
+        time holds the launcher's teardown; which of the two stopped it was not told apart."""
+        for seconds in learned.seen_on_disk:
             self.guard.saved(seconds)
         if learned.largest:
             self.guard.estimate_checkpoint(learned.largest)
@@ -432,16 +431,9 @@ def _size(path: str) -> Optional[int]:
         return None  # renamed or removed already: what a later event says counts
 
 
-def watched_seconds(learned: Learned) -> list[float]:
-    """The seconds of the saves an earlier life saw on disk, at least MIN_SAVE_SECONDS: what
-    a new life's guard is taught (SaveWatch._teach says why not the rest). Pure."""
-    return [max(MIN_SAVE_SECONDS, save["seconds"]) for save in learned.saves
-            if save["how"] == WATCHED and save["seconds"] is not None]
-
-
 def learned_line(learned: Learned, path: str, lead: float) -> str:
     """The line `run` says when it starts from an earlier life's saves (pure)."""
-    timed = watched_seconds(learned)
+    timed = learned.seen_on_disk
     longest = f"the longest {max(timed):.1f} s" if timed else "none timed"
     size = f", {human_bytes(learned.largest)}" if learned.largest else ""
     count = len(timed)
