@@ -31,7 +31,7 @@ class Row(NamedTuple):
     lead_had: Optional[float] = None
 
 
-# Every stop is at t=100 s with a lead of 6 s (a 400 MiB working set at 100 MiB/s x 1.5).
+# Every stop is at t=100 s with a lead of 6 s (a 4 s save x 1.5).
 def at100(cleared: Optional[float] = None) -> WouldStop:
     return WouldStop(100.0, 6.0, RESERVE, "/job", 40, cleared)
 
