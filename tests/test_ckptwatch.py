@@ -136,8 +136,8 @@ def test_the_next_life_starts_from_what_was_learned(tmp_path: Any,
                                                     watches: list[SaveWatch]) -> None:
     """The requeue: a second watch of the same DIR (a new `run`) gives its guard the saves
     the first saw on disk, before any save of its own, and says so; the stop's save (signal
-    to exit) is kept in the file but not taught (SaveWatch._teach: the Slurm tier's
-    requeue loop)."""
+    to exit) is kept in the file but not taught (savetimes.Learned.seen_on_disk: the
+    Slurm tier's requeue loop)."""
     first, _ = watching(str(tmp_path), watches)
     write_slowly(str(tmp_path / "step-10.pt"), 4, MiB, 0.5)
     wait_for(lambda: first.report()["saves"])
@@ -197,7 +197,7 @@ def test_the_guards_pieces_are_kept_but_not_taught_to_the_next_life(
         tmp_path: Any, watches: list[SaveWatch]) -> None:
     """A life that saved nothing still writes what its guard learned (the pieces the job
     took: Guard.state_dict()) into the file, but the next life does not start from it
-    (SaveWatch._teach: restored, the guard's state stopped every new life of the Slurm
+    (savetimes.Learned.seen_on_disk: restored, the guard's state stopped every new life of the Slurm
     tier's requeued HF job ~10 s after its start), and says nothing: no save to name."""
     first = Decision()
     first.load_state_dict({"rise": {"largest": 64 * MiB, "pieces": [64 * MiB, 64 * MiB]}})
