@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from bench import campaign_shapes as shapes
+from bench.campaign_replay import replayed, summary
 from bench.cgroups import remove_cgroup, write
 
 MiB = shapes.MiB
@@ -64,14 +65,15 @@ JOB = os.path.join(HERE, "campaign_job.py")
 FRAMEWORK_LIMIT = 1536 * MiB
 # The framework jobs: a step then flat and a start-up ramp then a sawtooth (healthy), a linear
 # leak; the shapes are fractions of what is left once the framework is loaded.
-FRAMEWORK_SHAPES = ("one step, then flat", "ramp, then 2 s sawtooth", "linear leak")
+FRAMEWORK_SHAPES = ("one step, then flat", "ramp, then 2 s sawtooth", "linear leak",
+                    "sawtooth 2 s to ~90 %", "warm-up to ~85 % over 10 s", "evaluation leak")
 # Moves itself into the cgroup, then becomes the command: every page it touches is charged
 # there, and no preexec_fn runs in a threaded parent.
 ENTER = ("import os, sys; fd = os.open(sys.argv[1] + '/cgroup.procs', os.O_WRONLY); "
          "os.write(fd, str(os.getpid()).encode()); os.close(fd); os.execv(sys.argv[2], "
          "sys.argv[2:])")
 QUICK_SHAPES = ("sawtooth 0.2 s, 60%", "sawtooth 0.5 s, 60%", "sawtooth 2 s, 20%",
-                "sawtooth 10 s, 60%")
+                "sawtooth 10 s, 60%", "sawtooth 2 s to ~90 %", "sawtooth 0.2 s to ~80 %")
 
 
 @dataclass
@@ -211,16 +213,20 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
            "--workdir", os.path.join(work, "job"), "--framework", run.framework]
     if args.quick:
         job.append("--quick")
+    # Every guarded run records its guard's checks, replayed after it (campaign_replay.py).
+    recorded = os.path.join(work, "guard.record")
     if run.way == "run":
         # This interpreter runs `cgwatch run` (it has matplotlib for --plot), the job's its own.
-        cmd = [sys.executable, "-m", "cgwatch", "run", "--guard", "--report", report]
+        cmd = [sys.executable, "-m", "cgwatch", "run", "--guard", "--report", report,
+               "--record", recorded]
         if run.plot:
             cmd += ["--plot", run.plot]
         argv = cmd + ["--", *job, "--mode", "signal"]
     elif run.way == "none":
         argv = job + ["--mode", "none"]
     else:
-        argv = job + ["--mode", "guard"] + (["--learned"] if run.way == "learned" else [])
+        argv = job + ["--mode", "guard", "--record", recorded] + (
+            ["--learned"] if run.way == "learned" else [])
     if groups.stopping:
         raise KeyboardInterrupt
     cgroup = groups.make(f"run-{run.index}", limit, args.high_share)
@@ -269,6 +275,8 @@ def run_one(run: Run, groups: Cgroups, args: argparse.Namespace, workroot: str) 
         record["ended_after"] = round(ended_wall - record["start"]["t0_wall"], 2)
     with open(os.path.join(work, "stderr"), "rb") as f:
         record["stderr"] = f.read()[-1500:].decode(errors="replace")
+    if run.way != "none":
+        record["replay"] = replayed(recorded)
     shutil.rmtree(work, ignore_errors=True)
     return classify(record, shape)
 
@@ -646,6 +654,8 @@ def tables(records: list[dict[str, Any]]) -> str:
                      f"{sum(r['killed'] for r in rs)} | {share} | {ceiling} | {given} | "
                      f"{saved_by_way} | {share_by_way} |")
     lines += counters_table(records, order)
+    if any("replay" in r for r in records):  # none in a runs.json from before replays
+        lines += [""] + summary(records)
     averages = [r["loadavg"] for r in records]
     if averages:
         lines += ["", f"Load average (1 min) at the runs' starts: {min(averages):.1f}-"

@@ -192,12 +192,19 @@ def verdict_fields(verdict: Any) -> dict[str, Any]:
         return {"verdict": repr(verdict), "message": repr(e)}
 
 
+def recorded(job: Job) -> dict[str, Any]:
+    """The guard's one option beyond the defaults: `record=` the file the campaign replays
+    (bench/campaign.py: each run's decisions checked against the live ones); it changes no
+    decision."""
+    return {"record": job.args.record} if job.args.record else {}
+
+
 def run_plain(job: Job) -> int:
     guard = None
     if job.args.mode == "guard":
         import cgwatch
 
-        guard = cgwatch.Guard()  # the documented defaults
+        guard = cgwatch.Guard(**recorded(job))  # the documented defaults
         if job.args.learned:
             with guard.saving():
                 job.save()
@@ -288,7 +295,7 @@ def run_hf(job: Job) -> int:
         def __getitem__(self, i: int) -> dict[str, Any]:
             return {"input_ids": ids[i], "labels": ids[i]}
 
-    guard = GuardCallback() if job.args.mode == "guard" else None
+    guard = GuardCallback(**recorded(job)) if job.args.mode == "guard" else None
 
     class Shaper(TrainerCallback):  # type: ignore[misc]
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -345,8 +352,8 @@ def run_lightning(job: Job) -> int:
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    guard = GuardCallback(dirpath=os.path.join(job.args.workdir, "lightning")) \
-        if job.args.mode == "guard" else None
+    guard = GuardCallback(dirpath=os.path.join(job.args.workdir, "lightning"),
+                          **recorded(job)) if job.args.mode == "guard" else None
 
     class Shaper(L.Callback):  # type: ignore[misc]
         def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
@@ -381,6 +388,7 @@ def main() -> int:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--mode", choices=("guard", "signal", "none"), required=True)
     parser.add_argument("--learned", action="store_true")
+    parser.add_argument("--record", default="", help="the guard records its checks here")
     parser.add_argument("--framework", choices=("plain", "hf", "lightning"), default="plain")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

@@ -102,6 +102,23 @@ def ramp_then_sawtooth(size: float, over: float, period: float,
     return make
 
 
+def in_step_peak(base: float, peak: float, every: float, hold: float) -> Callable[..., Target]:
+    """A forward pass's peak: a flat `base` x limit and, in each step of `every` s, `peak` x
+    limit for its first `hold` s (taken and freed at once: activations)."""
+    def make(rng: random.Random, limit: int, room: int, seconds: float) -> Target:
+        phase = rng.uniform(0.0, every)
+        return lambda t: limit * (peak if (t + phase) % every < hold else base)
+    return make
+
+
+def warm_up(size: float, over: float, base: float = 0.05) -> Callable[..., Target]:
+    """A cache warming: `size` x limit taken at an even pace over `over` seconds, then flat
+    (a plateau; the climb looks like a leak's until it ends)."""
+    def make(rng: random.Random, limit: int, room: int, seconds: float) -> Target:
+        return lambda t: limit * (base + size * min(1.0, t / over))
+    return make
+
+
 def cache_base(base: float) -> Callable[..., Target]:
     """The anonymous part of the page-cache writer: a flat `base` x limit."""
     def make(rng: random.Random, limit: int, room: int, seconds: float) -> Target:
@@ -181,6 +198,13 @@ def leak_under_sawtooth(rng: random.Random, limit: int, room: int, life: float) 
     return lambda t: rise * t / life + saw(t)
 
 
+def evaluation_leak(rng: random.Random, limit: int, room: int, life: float) -> Target:
+    """An evaluation that gathers its predictions: flat through training, then from the
+    evaluation's start (half the life) a climb that reaches the room at `life`."""
+    begins = 0.5 * life
+    return lambda t: 0.0 if t < begins else room * (t - begins) / (life - begins)
+
+
 def life_of(target: Target, room: int, until: float) -> float:
     """The first tick at which `target` reaches `room` (inf: never before `until`)."""
     ticks = int(until / TICK) + 1
@@ -224,6 +248,18 @@ def _healthy() -> list[Shape]:
         Shape("ramp, then 2 s sawtooth", False, ramp_then_sawtooth(0.30, 4.0, 2.0, 0.30),
               40.0),
     ]
+    # Near the limit (issue 32: a batch size raised until memory is nearly full). The share
+    # named is of the limit with the job's start (a plain interpreter: ~5 % of 512 MiB; a
+    # framework's: the shape is a share of what it left, so the same total).
+    out += [
+        Shape("sawtooth 2 s to ~90 %", False, sawtooth(2.0, 0.75), 40.0),
+        Shape("sawtooth 0.2 s to ~80 %", False, sawtooth(0.2, 0.65), 30.0),
+        Shape("in-step peak to ~90 % (0.25 s a 1 s step)", False,
+              in_step_peak(0.30, 0.85, 1.0, 0.25), 40.0),
+        Shape("warm-up to ~85 % over 10 s", False, warm_up(0.75, 10.0), 40.0),
+        Shape("first step takes ~90 %", False, steps((0.75,), 0.0, first=1.0), 40.0),
+        Shape("eval spike to ~90 %", False, eval_spike(0.30, 0.85, 12.0, 1.5), 40.0),
+    ]
     return out
 
 
@@ -237,6 +273,7 @@ def _leaking() -> list[Shape]:
         Shape("leak in a worker process", True, linear, 40.0, kind="worker"),
         Shape("bursty leak", True, bursty, 40.0),
         Shape("leak under a sawtooth", True, leak_under_sawtooth, 40.0),
+        Shape("evaluation leak", True, evaluation_leak, 40.0),
         Shape("slow leak (1.5 MiB/s)", True, slow(1.5), 660.0, limit=1024 * MiB,
               full_only=True),
     ]
