@@ -276,6 +276,10 @@ _NOISE = 1 << 20  # a fall of the headroom up to this between two checks: no pie
 # this long (s) after the last that fell: a pause shorter than this inside one allocation (a
 # step that allocated nothing, the job descheduled for a check) does not cut it in two.
 _HOLD = 0.3
+# A climb that has lasted `d` s ends only at a pause of at least d / 2 (at most _HOLD_MOST):
+# a job descheduled for 0.02-1.5 s on a loaded 2-core machine pauses a long climb without
+# ending it (LargestRise's docstring).
+_HOLD_MOST = 2.0
 _SAME = 8  # two pieces are the same piece when they differ by at most 1/_SAME of the larger
 _KEPT = 32  # the pieces remembered to find a repeat among (bounded, whatever the run time)
 
@@ -283,9 +287,10 @@ _KEPT = 32  # the pieces remembered to find a repeat among (bounded, whatever th
 class LargestRise:
     """The largest piece the job has taken twice. A *piece* is what the job takes in one
     climb: the fall of `available_memory()` over checks that fell (by more than 1 MiB of
-    noise), known once a check gives back, or does not fall `_HOLD` (0.3 s) after the last
-    that fell (a fall of the headroom is a rise of the working set; a step that allocated
-    nothing inside one allocation is a pause, not its end). *Twice* is the same piece
+    noise), known once a check gives back, or does not fall for `_HOLD` (0.3 s) after the
+    last that fell, or for half as long as the climb has lasted, up to `_HOLD_MOST` (2 s)
+    (a fall of the headroom is a rise of the working set; a step that allocated nothing
+    inside one allocation is a pause, not its end). *Twice* is the same piece
     again: two pieces within 1/8 of each other in size; `largest` is the largest such
     repeat (the smaller of the pair). A job that allocates in pieces (stairs, a batch, a
     cache shard, an evaluation's buffers) takes the same allocation again, the same size up
@@ -299,6 +304,15 @@ class LargestRise:
     after it was stopped: the campaign's healthy round, 2 stops); a climb is what the job
     took whatever the period, and with one check a step (`Guard.check` in the loop) it is
     that step's allocation, or the steps' in a row that each took more than the noise.
+    Why a pause as long as half the climb: a job descheduled on a loaded machine pauses for
+    0.02-1.5 s; with a fixed 0.3 s hold, a long climb (a warm-up, a sawtooth's 20 s ramp
+    read by `run --guard`'s 0.1 s checks) paused twice fell into pieces of about one size,
+    "a piece taken twice" that was no piece at all (issue 32's 8 GiB sawtooth to 90 %,
+    stopped at its first peak by "the job's largest rise, 1023.9 MiB"; in the simulated
+    campaign, 65 healthy jobs stopped by the reserve with such a rise, 36 with the relative
+    hold up to 1 s, 27 with 2 s). A stair's flat is long against its climb and still ends it;
+    at most 2 s, so that a framework's start-up climb of 10 s does not swallow the first
+    stair after it (the simulation's stairs under `run --guard`, unbounded: 5 of 66 lost).
     Why the same size and not the second largest: two different pieces taken once each
     are no pattern (the imports and a model load, a model and a dataset, a start-up
     allocation and an evaluation's buffers: the second largest of those made a start-up's
@@ -334,6 +348,7 @@ class LargestRise:
         self._climb = 0  # the fall of the piece still being taken (checks falling in a row)
         self._climb_low = 0  # the least headroom of that climb
         self._fell_at = 0.0  # when a check last fell
+        self._climb_began = 0.0  # when the climb's first check fell
         self._last: Optional[int] = None
         self._low: Optional[int] = None  # the least headroom since the job last gave back
         self._limit: Optional[int] = None
@@ -355,12 +370,14 @@ class LargestRise:
         if last is not None:
             fall = last - available
             if fall > _NOISE:
+                if not self._climb:
+                    self._climb_began = now  # the check of the climb's first fall
                 self._climb += fall  # a piece goes on while checks fall
                 self._climb_low = available if self._climb == fall \
                     else min(self._climb_low, available)
                 self._fell_at = now
-            elif self._climb and (fall < -_NOISE or now - self._fell_at >= _HOLD):
-                self._learn(self._climb)  # a give-back, or a pause longer than _HOLD, ends it
+            elif self._climb and (fall < -_NOISE or now - self._fell_at >= self._hold()):
+                self._learn(self._climb)  # a give-back, or a pause long enough, ends it
                 if self._low is not None and self._climb_low > self._low:
                     # A climb that stopped short of the depth watched: its own top is the
                     # depth to come back from (a sawtooth whose first peak, reached by the
@@ -379,6 +396,11 @@ class LargestRise:
             del self.turns[:-_KEPT]
             self._low = available
         return self.largest
+
+    def _hold(self) -> float:
+        """How long a check must not fall after the last that fell to end the climb: _HOLD,
+        or half the time the climb has lasted, up to _HOLD_MOST (seconds)."""
+        return max(_HOLD, min(_HOLD_MOST, (self._fell_at - self._climb_began) / 2))
 
     def _learn(self, piece: int) -> None:
         for other in self._pieces:

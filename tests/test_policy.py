@@ -200,6 +200,12 @@ def _held(seconds: float, *parts: tuple[float, int]) -> list[tuple[float, float]
     return out
 
 
+def _climb(start: float, per_check: float, checks: int) -> list[tuple[float, int]]:
+    """`_held`'s parts of a climb from `start` MiB: `checks` checks each `per_check` MiB
+    lower (the first of them the first fall)."""
+    return [(start - per_check * k, 1) for k in range(1, checks + 1)]
+
+
 HELD = [
     # checks closer than the 0.3 s hold: a check that does not fall inside an allocation is a
     # pause, not its end; a give-back or a pause of 0.3 s is
@@ -218,6 +224,22 @@ HELD = [
     pytest.param(_held(0.1, (1000, 1), (940, 1), (880, 1), (820, 1), (1000, 1), (940, 1),
                        (880, 1), (820, 1), (1000, 1)), 180,
                  id="a-give-back-ends-a-climb-at-once"),
+    # issue 32's 8 GiB sawtooth under `run --guard`: a 2 s climb of 10 MiB a check, the job
+    # descheduled 0.8 s twice on the way (a fixed 0.3 s hold cut it into three pieces of
+    # 200 MiB, "taken twice"): a pause under half the climb's time does not end it; the
+    # flat after it (4 s) does: one piece of 600 MiB, taken once
+    pytest.param(_held(0.1, (1000, 1), *_climb(1000, 10, 20), (800, 8), *_climb(800, 10, 20),
+                       (600, 8), *_climb(600, 10, 20), (400, 40)), 0,
+                 id="a-long-climb-paused-by-a-descheduled-job-is-one-piece"),
+    # stairs taken over a second each (10 MiB a check), 2 s flats: each flat is long against
+    # its stair (a 0.9 s climb waits 0.45 s) and ends it
+    pytest.param(_held(0.1, (1000, 1), *_climb(1000, 10, 10), (900, 20), *_climb(900, 10, 10),
+                       (800, 20), *_climb(800, 10, 10), (700, 20)), 100,
+                 id="stairs-taken-over-a-second-each-end-at-their-flats"),
+    # the price: a pause of 0.6 s in a 0.9 s climb is over half of it, two pieces
+    pytest.param(_held(0.1, (1000, 1), *_climb(1000, 10, 10), (900, 6), *_climb(900, 10, 10),
+                       (800, 20)), 100,
+                 id="a-pause-over-half-the-climb-ends-it"),
 ]
 
 
