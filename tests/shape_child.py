@@ -8,13 +8,13 @@ one step when a step stalled 0.4 s, and the guard rightly learned an 82 MiB piec
     python tests/shape_child.py --shape SHAPE --limit BYTES --seconds S --checkpoint PATH
 
 Shapes, in shares of `--limit` (the cgroup's), on top of the interpreter's own pages:
-- `sawtooth`: from 20% to 60% in 10 pieces, freed at once; `--period` seconds a cycle.
+- `sawtooth`: from 20% to 60% in 10 pieces, freed at once; `--period` seconds a cycle (0.5).
 - `step`: one piece of 25% after 2 s, then flat.
 - `ramp`: 40% over the first 3 s (imports, a model load), then flat.
 - `stairs`: a piece of `--stair` (share) every second, until stopped or killed.
 - `leak`: `--rate` MiB/s, until stopped or killed.
 Near the limit (issue 32's rows; the interpreter adds ~5 % of 512 MiB):
-- `saw90`: from 25 % to 85 % in 10 pieces over 2 s, freed at once.
+- `saw90`: from 25 % to 85 % in 10 pieces over 2 s (or `--period`), freed at once.
 - `saw80`: from 20 % toward 82 % over 0.5 s (its 10 steps reach 76 %), freed at once.
 - `peak90`: 30 %, and 85 % for the first 0.25 s of every second (a forward pass's peak).
 - `warm85`: 80 % at an even pace over the first 10 s (a cache warming), then flat.
@@ -47,7 +47,7 @@ def main() -> int:
                                  "saw80", "peak90", "warm85", "first90"))
     parser.add_argument("--limit", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--period", type=float, default=0.5)
+    parser.add_argument("--period", type=float, default=None)
     parser.add_argument("--stair", type=float, default=0.15)
     parser.add_argument("--rate", type=float, default=8.0)
     parser.add_argument("--checkpoint", required=True)
@@ -94,7 +94,8 @@ def main() -> int:
 def target(args: argparse.Namespace, limit: int, t: float) -> int:
     """The bytes the shape holds at `t` seconds."""
     if args.shape == "sawtooth":
-        phase = (t % args.period) / args.period
+        period = args.period or 0.5
+        phase = (t % period) / period
         return int(limit * (0.20 + 0.40 * min(1.0, int(phase * 11) / 10)))
     if args.shape == "step":
         return int(limit * 0.25) if t >= 2.0 else 0
@@ -104,6 +105,7 @@ def target(args: argparse.Namespace, limit: int, t: float) -> int:
         return int(limit * args.stair) * (1 + int(t))
     if args.shape in ("saw90", "saw80"):
         low, high, period = (0.25, 0.85, 2.0) if args.shape == "saw90" else (0.20, 0.82, 0.5)
+        period = args.period or period
         phase = (t % period) / period
         return int(limit * (low + (high - low) * min(1.0, int(phase * 11) / 10)))
     if args.shape == "peak90":
