@@ -35,10 +35,11 @@ import statistics
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from bench import simulate_shapes as shapes
 from bench.simulate_shapes import RUN_INTERVAL, SimJob
+from cgwatch import policy
 from cgwatch.decision import Decision, LevelSample
 
 # Pauses of a descheduled process: (per second, shortest, longest) by load (module docstring
@@ -185,6 +186,18 @@ def _chunk(indexes: Sequence[int], count: int, seed: int) -> list[Outcome]:
         logger.disabled = was
 
 
+def without_forecast() -> None:
+    """An ablation, in this process and the workers it forks: the decision as if the job
+    were always no deeper than a depth it came back from, which is what turns the forecast
+    off (policy.decide's `trusted`); the reserve, its room for a rise, OOM kills and
+    throttling decide as before."""
+    decide = policy.decide
+
+    def untrusting(*args: Any, **kwargs: Any) -> policy.Verdict:
+        return decide(*args, **{**kwargs, "trusted": True})
+    policy.decide = untrusting  # type: ignore[assignment]
+
+
 def run_all(count: int = 10_080, seed: int = 0, processes: int = 2) -> list[Outcome]:
     """Every job's outcome, in job order, over `processes` worker processes (1: in this one).
     Each worker draws the same pure list and simulates its share: only indexes and outcomes
@@ -277,7 +290,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="processes (default 2)")
     parser.add_argument("--show", default=None, metavar="CLASS",
                         help="also list this class's failures (its jobs' parameters)")
+    parser.add_argument("--without", choices=("forecast",), default=None,
+                        help="an ablation: the decision with this part of its rule left out "
+                             "(what the part buys and costs, docs/bench.md)")
     args = parser.parse_args(argv)
+    if args.without == "forecast":
+        without_forecast()
     outs = run_all(args.count, args.seed, args.jobs)
     print(table(outs), end="")
     if args.show:
