@@ -370,11 +370,10 @@ class LargestRise:
         if last is not None:
             fall = last - available
             if fall > _NOISE:
-                if not self._climb:
-                    self._climb_began = now  # the check of the climb's first fall
+                if not self._climb:  # the climb's first fall
+                    self._climb_began, self._climb_low = now, available
                 self._climb += fall  # a piece goes on while checks fall
-                self._climb_low = available if self._climb == fall \
-                    else min(self._climb_low, available)
+                self._climb_low = min(self._climb_low, available)
                 self._fell_at = now
             elif self._climb and (fall < -_NOISE or now - self._fell_at >= self._hold()):
                 self._learn(self._climb)  # a give-back, or a pause long enough, ends it
