@@ -44,23 +44,27 @@ def replayed(path: str) -> dict[str, Any]:
 def summary(records: list[dict[str, Any]]) -> list[str]:
     """The table's lines on the replays: how many agree, and each run that does not."""
     guarded = [r for r in records if r.get("way") != "none"]
-    done = [r for r in guarded if isinstance(r.get("replay"), dict)
-            and "absent" not in r["replay"]]
     if not guarded:
         return []
+    done, missing = [], []  # replayed; left no record (or never replayed)
+    for r in guarded:
+        found = r.get("replay")
+        (done if isinstance(found, dict) and "absent" not in found else missing).append(r)
     agree = [r for r in done if r["replay"]["agree"]]
     checks = sum(r["replay"]["checks"] for r in done)
     lines = [f"Replayed through the decision (cgwatch/guardreplay.py, as `cgwatch replay`): "
              f"{len(agree)} of {len(done)} guarded runs' records agree with every live "
-             f"decision ({checks:,} checks); {len(guarded) - len(done)} runs left no record."]
+             f"decision ({checks:,} checks); {len(missing)} runs left no record."]
     for r in done:
         if not r["replay"]["agree"]:
             first = "; ".join(r["replay"]["mismatches"][:MISMATCHES_KEPT]) or "not exact"
-            lines.append(f"- differs: {r.get('framework', 'plain')} {r['shape']!r} "
-                         f"({r['way']}, {r['load']}): {first}")
-    for r in guarded:
-        if r not in done:
-            why = (r.get("replay") or {}).get("absent", "not replayed")
-            lines.append(f"- no record: {r.get('framework', 'plain')} {r['shape']!r} "
-                         f"({r['way']}, {r['load']}): {why}")
+            lines.append(f"- differs: {_run_name(r)}: {first}")
+    for r in missing:
+        why = (r.get("replay") or {}).get("absent", "not replayed")
+        lines.append(f"- no record: {_run_name(r)}: {why}")
     return lines
+
+
+def _run_name(r: dict[str, Any]) -> str:
+    """A run as the table's lines name it: framework, shape, (way, load)."""
+    return f"{r.get('framework', 'plain')} {r['shape']!r} ({r['way']}, {r['load']})"
